@@ -1,0 +1,132 @@
+"""Settings: lowercase ``zsched_*`` Celery settings, each with a ``ZSCHED_*`` env override."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigurationError
+from .keys import DEFAULT_PREFIX
+
+SETTING_PREFIX = "zsched_"
+ENV_PREFIX = "ZSCHED_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of celery-zsched, with its default.
+
+    Read with :meth:`from_app` (Celery config, then environment) lazily, never at
+    import time.
+    """
+
+    #: Redis holding the schedule. Empty: the broker URL when it is Redis,
+    #: else ``redis://localhost:6379/0``.
+    redis_url: str = ""
+    #: Prefix of every key; a Redis Cluster hash tag is added when missing.
+    key_prefix: str = DEFAULT_PREFIX
+    #: Most jobs one claim takes (and one publish batch sends).
+    batch_size: int = 1000
+    #: Seconds a promoted job stays in flight before it is reaped and redelivered.
+    lease_s: float = 300.0
+    #: Default ``jitter_s`` of jobs that do not set their own.
+    max_jitter_s: float = 0.0
+    #: Interval of jobs that give no timing at all (for example a bare URL row).
+    default_interval_s: float = 300.0
+    #: Task that URL jobs run, called as ``task(url=..., meta=...)``.
+    default_task: str = "scrape"
+    #: Retries after an error before the job waits for its next regular run.
+    retry_max: int = 3
+    #: First retry delay; each further retry doubles it.
+    retry_base_s: float = 30.0
+    #: Largest retry delay.
+    retry_cap_s: float = 3600.0
+    #: Deliveries of one occurrence (lease expiries) before it is dead-lettered.
+    max_deliveries: int = 5
+    #: Default ``misfire_grace_s``: skip a fire later than this. 0 never skips.
+    misfire_grace_s: float = 0.0
+    #: Approximate cap of the settle event stream.
+    events_maxlen: int = 100_000
+    #: Rows per pipelined chunk in bulk imports.
+    import_chunk: int = 5000
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The setting names, without prefix."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_mapping(
+        cls, conf: Mapping[str, Any], env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Build from ``zsched_*`` keys of ``conf``, overridden by ``ZSCHED_*`` in ``env``.
+
+        An unknown ``zsched_*`` key is an error, so a typo never passes silently.
+        """
+        env = os.environ if env is None else env
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in conf.items():
+            if not isinstance(key, str) or not key.lower().startswith(SETTING_PREFIX):
+                continue
+            name = key.lower()[len(SETTING_PREFIX):]
+            if name in ("redis_alias",):  # consumed by the Django integration
+                continue
+            if name not in known:
+                raise ConfigurationError(
+                    f"unknown setting {key!r}; known: "
+                    + ", ".join(SETTING_PREFIX + n for n in known)
+                )
+            if raw is not None:
+                values[name] = _coerce(known[name], raw, key)
+        for name, f in known.items():
+            env_key = ENV_PREFIX + name.upper()
+            if env_key in env:
+                values[name] = _coerce(f, env[env_key], env_key)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    @classmethod
+    def from_app(cls, app: Any) -> Settings:
+        """Settings of a Celery app; the Redis URL falls back to a Redis broker URL."""
+        conf = app.conf
+        mapping = {k: conf.get(k) for k in list(conf.keys()) if str(k).startswith(SETTING_PREFIX)}
+        settings = cls.from_mapping(mapping)
+        if not settings.redis_url:
+            broker = conf.broker_url or ""
+            url = broker if str(broker).startswith(("redis://", "rediss://", "unix://")) else ""
+            settings = dataclasses.replace(settings, redis_url=url or "redis://localhost:6379/0")
+        return settings
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigurationError` naming the first bad value."""
+        positive = ("batch_size", "lease_s", "default_interval_s", "retry_base_s",
+                    "retry_cap_s", "max_deliveries", "events_maxlen", "import_chunk")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(
+                    f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
+                )
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(
+                    f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}"
+                )
+
+
+def _coerce(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
+    kind = type(f.default)
+    try:
+        if kind is str:
+            return str(raw)
+        if kind is int and not isinstance(raw, bool):
+            return int(raw)
+        if kind is float and not isinstance(raw, bool):
+            return float(raw)
+    except (TypeError, ValueError):
+        pass
+    raise ConfigurationError(f"{source} must be a {kind.__name__}, got {raw!r}")

@@ -1,0 +1,358 @@
+"""Job definitions: validation, deterministic ids, (de)serialisation, next due times."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .config import Settings
+from .errors import ValidationError
+from .timing import UTC, backoff_s, cron_is_valid, cron_next, dt_to_ms, jitter_ms, ms_to_dt
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:@/\-]{1,200}$")
+_TIME_FIELDS = ("run_at", "start_at", "end_at")
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+
+
+def job_id_for_url(url: str) -> str:
+    """The default id of a URL job: the first 12 hex digits of SHA-1 of the URL."""
+    return hashlib.sha1(url.encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a definition inherits when it leaves a field out."""
+
+    task: str = "scrape"
+    interval_s: float = 300.0
+    timezone: str = "UTC"
+
+    @classmethod
+    def from_settings(cls, settings: Settings, timezone: str | None = None) -> Defaults:
+        """Defaults from settings and the Celery app's time zone."""
+        return cls(settings.default_task, settings.default_interval_s, timezone or "UTC")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One recurring (or one-off) job. Build it with :meth:`from_dict`, which validates."""
+
+    id: str
+    task: str
+    interval_s: float | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    run_at: int | None = None  # epoch ms
+    name: str = ""
+    url: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    jitter_s: float | None = None
+    queue: str | None = None
+    routing_key: str | None = None
+    priority: int | None = None
+    expires_s: float | None = None
+    enabled: bool = True
+    start_at: int | None = None
+    end_at: int | None = None
+    max_runs: int | None = None
+    misfire_grace_s: float | None = None
+    retry_max: int | None = None
+    retry_base_s: float | None = None
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], defaults: Defaults | None = None, row: int | None = None
+    ) -> Job:
+        """Validate a definition (an import row, a CLI call, a JSON value).
+
+        Raises :class:`ValidationError` naming the field, the value and ``row``.
+        """
+        try:
+            return _parse(data, defaults or Defaults())
+        except ValidationError as exc:
+            raise exc.at_row(row) if row is not None else exc
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Job:
+        """Load a definition stored by :meth:`to_json` (already validated)."""
+        data = json.loads(raw)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_json(self) -> str:
+        """Compact JSON for Redis: fields at their default are left out."""
+        data = {k: v for k, v in asdict(self).items() if v != _FIELD_DEFAULTS.get(k, _MISSING)}
+        data["id"], data["task"] = self.id, self.task
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """An import row that re-imports to this same job (times as ISO 8601 UTC)."""
+        data = json.loads(self.to_json())
+        for name in _TIME_FIELDS:
+            if name in data:
+                data[name] = ms_to_dt(data[name]).isoformat().replace("+00:00", "Z")
+        return data
+
+    # ------------------------------------------------------------------ timing
+    @property
+    def kind(self) -> str:
+        """``interval``, ``cron`` or ``once``."""
+        if self.cron:
+            return "cron"
+        return "once" if self.run_at is not None else "interval"
+
+    @property
+    def timing_signature(self) -> str:
+        """Changes exactly when an edit must move the job's schedule."""
+        spec = f"{self.interval_s}|{self.cron}|{self.timezone}|{self.run_at}|{self.start_at}"
+        return hashlib.sha1(spec.encode()).hexdigest()[:10]
+
+    def effective_jitter_s(self, settings: Settings) -> float:
+        """The job's own jitter, else the global default."""
+        return settings.max_jitter_s if self.jitter_s is None else self.jitter_s
+
+    def first_due_ms(self, now_ms: int, settings: Settings, rng: random.Random,
+                     phase: float = 0.0) -> int | None:
+        """When a newly stored job first runs; ``phase`` in [0, 1) staggers interval jobs."""
+        jitter = jitter_ms(self.effective_jitter_s(settings), rng)
+        if self.kind == "once":
+            assert self.run_at is not None
+            return self._clamp(self.run_at)
+        if self.kind == "cron":
+            base = max(now_ms, self.start_at or 0) - 1
+            return self._clamp(self._cron_after(base) + jitter)
+        assert self.interval_s is not None
+        due = now_ms + int(phase * self.interval_s * 1000) + jitter
+        return self._clamp(max(due, self.start_at or 0))
+
+    def next_regular_ms(self, now_ms: int, settings: Settings, rng: random.Random) -> int | None:
+        """The next run after one completes at ``now_ms``; ``None`` ends the job."""
+        if self.kind == "once":
+            return None
+        jitter = jitter_ms(self.effective_jitter_s(settings), rng)
+        if self.kind == "cron":
+            due = self._cron_after(max(now_ms, (self.start_at or 0) - 1))
+        else:
+            assert self.interval_s is not None
+            due = max(now_ms + int(self.interval_s * 1000), self.start_at or 0)
+        return self._clamp(due + jitter)
+
+    def retry_due_ms(self, attempt: int, now_ms: int, settings: Settings,
+                     retry_after_s: float | None = None) -> int | None:
+        """When retry number ``attempt`` runs, or ``None`` once retries are spent."""
+        retry_max = settings.retry_max if self.retry_max is None else self.retry_max
+        if attempt > retry_max:
+            return None
+        base = settings.retry_base_s if self.retry_base_s is None else self.retry_base_s
+        delay = retry_after_s if retry_after_s is not None else backoff_s(
+            attempt, base, settings.retry_cap_s)
+        return self._clamp(now_ms + int(delay * 1000))
+
+    def misfire_grace_ms(self, settings: Settings) -> int:
+        """Lateness beyond which a fire is skipped; 0 never skips."""
+        grace = settings.misfire_grace_s if self.misfire_grace_s is None else self.misfire_grace_s
+        return int(grace * 1000)
+
+    def _cron_after(self, ms: int) -> int:
+        assert self.cron is not None
+        return dt_to_ms(cron_next(self.cron, ZoneInfo(self.timezone), ms_to_dt(ms)))
+
+    def _clamp(self, due: int) -> int | None:
+        if self.end_at is not None and due > self.end_at:
+            return None
+        return due
+
+
+_MISSING = object()
+_FIELD_DEFAULTS: dict[str, Any] = {
+    f.name: (f.default_factory() if callable(f.default_factory) else f.default)  # type: ignore[misc]
+    for f in fields(Job)
+}
+
+
+# ---------------------------------------------------------------------- parsing
+def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
+    if not isinstance(data, Mapping):
+        raise ValidationError("row", data, "must be a JSON object")
+    known = {f.name for f in fields(Job)}
+    for key in data:
+        if key not in known:
+            raise ValidationError(str(key), data[key], "unknown field")
+    values: dict[str, Any] = {k: v for k, v in data.items() if v is not None and v != ""}
+
+    url = values.get("url")
+    if url is not None:
+        url = _url(url)
+    tz_name = _timezone(values.get("timezone", defaults.timezone))
+    tz = ZoneInfo(tz_name)
+
+    job_id = values.get("id")
+    if job_id is None:
+        if url is None:
+            raise ValidationError("id", None, "a job without a url needs an explicit id")
+        job_id = job_id_for_url(url)
+    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
+        raise ValidationError("id", job_id, "must be 1-200 characters of A-Z a-z 0-9 _ . : @ / -")
+
+    task = values.get("task", defaults.task if url is not None else None)
+    if not isinstance(task, str) or not task.strip():
+        raise ValidationError("task", task, "a job without a url needs a task name")
+
+    timing = [k for k in ("interval_s", "cron", "run_at") if k in values]
+    if len(timing) > 1:
+        raise ValidationError(timing[1], values[timing[1]],
+                              f"give only one of interval_s, cron, run_at (also got {timing[0]})")
+    interval = _number(values, "interval_s", minimum=0.001) if timing == ["interval_s"] else None
+    if not timing:
+        interval = defaults.interval_s
+    cron = None
+    if "cron" in values:
+        cron = values["cron"]
+        if not isinstance(cron, str) or not cron_is_valid(cron.strip()):
+            raise ValidationError("cron", cron, "not a valid 5-field cron expression")
+        cron = " ".join(cron.split())
+    times = {name: _time(values, name, tz) for name in _TIME_FIELDS}
+    if times["start_at"] and times["end_at"] and times["end_at"] <= times["start_at"]:
+        raise ValidationError("end_at", values["end_at"], "must be after start_at")
+
+    job = Job(
+        id=job_id, task=task.strip(), interval_s=interval, cron=cron, timezone=tz_name,
+        run_at=times["run_at"], name=_text(values, "name"), url=url,
+        meta=_container(values, "meta", dict), args=_container(values, "args", list),
+        kwargs=_container(values, "kwargs", dict),
+        jitter_s=_number(values, "jitter_s", minimum=0.0),
+        queue=_opt_text(values, "queue"), routing_key=_opt_text(values, "routing_key"),
+        priority=_integer(values, "priority", 0, 255),
+        expires_s=_number(values, "expires_s", minimum=0.001),
+        enabled=_bool(values, "enabled"), start_at=times["start_at"], end_at=times["end_at"],
+        max_runs=_integer(values, "max_runs", 1, None),
+        misfire_grace_s=_number(values, "misfire_grace_s", minimum=0.0),
+        retry_max=_integer(values, "retry_max", 0, 1000),
+        retry_base_s=_number(values, "retry_base_s", minimum=0.001),
+    )
+    try:
+        job.to_json()
+    except (TypeError, ValueError) as exc:
+        raise ValidationError("meta", job.meta, f"must be JSON-serialisable: {exc}") from exc
+    return replace(job)
+
+
+def _url(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValidationError("url", value, "must be a string")
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or " " in value.strip():
+        raise ValidationError("url", value, "must be an absolute http(s) URL")
+    return value.strip()
+
+
+def _timezone(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError("timezone", value, "must be an IANA time zone name")
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValidationError("timezone", value, "unknown IANA time zone") from exc
+    return value
+
+
+def _number(values: Mapping[str, Any], name: str, minimum: float) -> float | None:
+    raw = values.get(name)
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        number = float(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(name, raw, "must be a number") from exc
+    if not math.isfinite(number) or number < minimum:
+        raise ValidationError(name, raw, f"must be a finite number >= {minimum:g}")
+    return number
+
+
+def _integer(values: Mapping[str, Any], name: str, low: int, high: int | None) -> int | None:
+    raw = values.get(name)
+    if raw is None:
+        return None
+    try:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise TypeError
+        number = int(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(name, raw, "must be an integer") from exc
+    if number < low or (high is not None and number > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ValidationError(name, raw, f"must be {bound}")
+    return number
+
+
+def _bool(values: Mapping[str, Any], name: str) -> bool:
+    raw = values.get(name, True)
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValidationError(name, raw, "must be true or false")
+
+
+def _text(values: Mapping[str, Any], name: str) -> str:
+    raw = values.get(name, "")
+    if not isinstance(raw, str):
+        raise ValidationError(name, raw, "must be a string")
+    return raw
+
+
+def _opt_text(values: Mapping[str, Any], name: str) -> str | None:
+    return _text(values, name) or None
+
+
+def _container(values: Mapping[str, Any], name: str, kind: type) -> Any:
+    raw = values.get(name, kind())
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ValidationError(name, raw, f"must be a JSON {kind.__name__}") from exc
+    if not isinstance(raw, kind):
+        raise ValidationError(name, raw, f"must be a {'list' if kind is list else 'JSON object'}")
+    return raw
+
+
+def _time(values: Mapping[str, Any], name: str, tz: ZoneInfo) -> int | None:
+    """An ISO 8601 string (naive = the job's zone) or epoch seconds, as epoch ms."""
+    raw = values.get(name)
+    if raw is None:
+        return None
+    if isinstance(raw, datetime):
+        dt = raw
+    elif isinstance(raw, int | float) and not isinstance(raw, bool):
+        if not math.isfinite(raw) or raw < 0:
+            raise ValidationError(name, raw, "must be a non-negative epoch time")
+        return int(raw * 1000)
+    elif isinstance(raw, str):
+        try:
+            dt = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValidationError(name, raw, "must be an ISO 8601 date-time") from exc
+    else:
+        raise ValidationError(name, raw, "must be an ISO 8601 date-time or epoch seconds")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=tz)
+    return dt_to_ms(dt.astimezone(UTC))

@@ -1,0 +1,79 @@
+-- control.lua: pause, resume, run-now or delete many jobs in one call.
+--
+-- None of these touches an occurrence that is in flight: pausing or deleting
+-- only changes what happens after its settle, and run-now skips it.
+--
+-- KEYS[1] defs      hash  id -> definition JSON
+-- KEYS[2] schedule  zset  id -> due ms
+-- KEYS[3] leases    zset  id -> lease deadline ms
+-- KEYS[4] state     hash  id -> runtime state (cjson)
+-- KEYS[5] paused    set   paused ids
+-- KEYS[6] dead      zset  dead-lettered ids
+-- KEYS[7] static    set   ids from beat_schedule
+-- ARGV[1] operation: pause | resume | run_now | delete | reset
+-- ARGV[2..] groups of 2: id, due ms (resume: the next run; others ignore it)
+-- Returns {changed, then the ids that were not found}
+local defs, schedule, leases, state, paused, dead, static =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local op = ARGV[1]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {0}
+
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  if redis.call("HEXISTS", defs, id) == 0 then
+    out[#out + 1] = id
+  else
+    local raw = redis.call("HGET", state, id)
+    local st = raw and cjson.decode(raw) or {o = now, a = 1, d = 0, r = 0, f = 0, c = 0}
+    local in_flight = redis.call("ZSCORE", leases, id)
+    local changed = false
+    if op == "delete" then
+      redis.call("HDEL", defs, id)
+      redis.call("HDEL", state, id)
+      redis.call("ZREM", schedule, id)
+      redis.call("ZREM", leases, id)
+      redis.call("SREM", paused, id)
+      redis.call("ZREM", dead, id)
+      redis.call("SREM", static, id)
+      changed, st = true, nil
+    elseif op == "pause" then
+      changed = redis.call("SADD", paused, id) == 1
+      if redis.call("ZREM", schedule, id) == 1 then st.s = "paused" end
+    elseif op == "resume" then
+      changed = redis.call("SREM", paused, id) == 1
+      if not in_flight and (st.s == "paused" or st.s == "dead")
+          and not redis.call("ZSCORE", schedule, id) then
+        redis.call("ZREM", dead, id)
+        redis.call("ZADD", schedule, ARGV[i + 1], id)
+        st.o, st.a, st.d, st.s = tonumber(ARGV[i + 1]), 1, 0, "scheduled"
+        changed = true
+      end
+    elseif op == "run_now" then
+      if not in_flight then
+        redis.call("ZREM", dead, id)
+        redis.call("ZADD", schedule, now, id)
+        st.o, st.a, st.d, st.s = now, 1, 0, "scheduled"
+        changed = true
+      end
+    elseif op == "reset" then
+      st.c, st.f, st.e = 0, 0, nil
+      if st.s == "dead" and not in_flight then
+        redis.call("ZREM", dead, id)
+        if redis.call("SISMEMBER", paused, id) == 1 then
+          st.s = "paused"
+        else
+          redis.call("ZADD", schedule, now, id)
+          st.o, st.a, st.d, st.s = now, 1, 0, "scheduled"
+        end
+      end
+      changed = true
+    else
+      return redis.error_reply("unknown operation " .. op)
+    end
+    if st then redis.call("HSET", state, id, cjson.encode(st)) end
+    if changed then out[1] = out[1] + 1 end
+  end
+end
+return out

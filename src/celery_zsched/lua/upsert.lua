@@ -1,0 +1,64 @@
+-- upsert.lua: store job definitions; add a schedule entry only when it is absent.
+--
+-- Re-storing an unchanged definition never moves its schedule (ZADD NX
+-- semantics). A changed timing signature moves the schedule of a job that is
+-- not in flight; an in-flight job picks up the change when it settles.
+--
+-- KEYS[1] defs      hash  id -> definition JSON
+-- KEYS[2] schedule  zset  id -> due ms
+-- KEYS[3] leases    zset  id -> lease deadline ms
+-- KEYS[4] state     hash  id -> runtime state (cjson)
+-- KEYS[5] paused    set   paused ids
+-- KEYS[6] static    set   ids that come from beat_schedule
+-- ARGV[1] "1" to mark every job as static, else "0"
+-- ARGV[2..] groups of 5: id, definition JSON, first due ms ("" = none),
+--           enabled ("1"/"0"), timing signature
+-- Returns {created, updated, rescheduled}
+local defs, schedule, leases, state, paused, static =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local mark_static = ARGV[1] == "1"
+local created, updated, rescheduled = 0, 0, 0
+
+for i = 2, #ARGV, 5 do
+  local id, def, due, enabled, sig = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] == "1", ARGV[i + 4]
+  redis.call("HSET", defs, id, def)
+  if mark_static then redis.call("SADD", static, id) end
+  local raw = redis.call("HGET", state, id)
+  local st
+  if not raw then
+    created = created + 1
+    st = {o = tonumber(due) or 0, a = 1, d = 0, r = 0, f = 0, c = 0, g = sig, s = "scheduled"}
+    if due == "" then
+      st.s = "finished"
+    elseif enabled then
+      redis.call("ZADD", schedule, due, id)
+    else
+      st.s = "paused"
+      redis.call("SADD", paused, id)
+    end
+  else
+    updated = updated + 1
+    st = cjson.decode(raw)
+    local in_flight = redis.call("ZSCORE", leases, id)
+    if not enabled then
+      redis.call("SADD", paused, id)
+      if redis.call("ZREM", schedule, id) == 1 or st.s == "scheduled" then st.s = "paused" end
+    else
+      local was_paused = redis.call("SREM", paused, id) == 1
+      local move = (st.g ~= sig and st.s ~= "dead") or (was_paused and st.s == "paused")
+      if move and not in_flight then
+        rescheduled = rescheduled + 1
+        if due == "" then
+          redis.call("ZREM", schedule, id)
+          st.s = "finished"
+        else
+          redis.call("ZADD", schedule, due, id)
+          st.o, st.a, st.d, st.s = tonumber(due), 1, 0, "scheduled"
+        end
+      end
+    end
+    st.g = sig
+  end
+  redis.call("HSET", state, id, cjson.encode(st))
+end
+return {created, updated, rescheduled}

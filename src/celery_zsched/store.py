@@ -1,0 +1,440 @@
+"""The Redis job store: every operation is one Lua script or one pipeline."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from .config import Settings
+from .errors import JobNotFound, StoreUnavailable
+from .job import Defaults, Job
+from .keys import Keys
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
+TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
+_SCRIPTS = ("upsert", "claim", "settle", "reap", "extend", "release", "control")
+
+
+def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
+    """The Celery task id of one attempt of one occurrence; a redelivery reuses it."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}"))
+
+
+def _unavailable(fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
+    return wrapper
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One claimed occurrence, ready to publish."""
+
+    job: Job
+    occurrence: int
+    attempt: int
+    deliveries: int
+    due_ms: int
+    promoted_ms: int
+
+    @property
+    def task_id(self) -> str:
+        """Deterministic task id of this attempt."""
+        return task_id_for(self.job.id, self.occurrence, self.attempt)
+
+    def headers(self) -> dict[str, Any]:
+        """Message headers that let the worker settle this occurrence."""
+        return {
+            "zsched_job_id": self.job.id,
+            "zsched_occurrence": self.occurrence,
+            "zsched_attempt": self.attempt,
+            "zsched_due_ms": self.due_ms,
+            "zsched_promoted_ms": self.promoted_ms,
+        }
+
+
+@dataclass(frozen=True)
+class ClaimBatch:
+    """The result of one claim: the jobs, and when the next ones are due."""
+
+    now_ms: int
+    next_due_ms: int | None
+    next_lease_ms: int | None
+    jobs: list[Claimed]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job's definition with its live timing state."""
+
+    job: Job
+    status: str
+    due_ms: int | None
+    lease_until_ms: int | None
+    paused: bool
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def next_run_ms(self) -> int | None:
+        """When it runs next (``None`` when paused, finished, dead or in flight)."""
+        return self.due_ms
+
+
+@dataclass
+class ImportReport:
+    """What a bulk upsert did."""
+
+    total: int = 0
+    created: int = 0
+    updated: int = 0
+    rescheduled: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """What a settle did: ``applied`` is False for stale or duplicate settles."""
+
+    applied: bool
+    status: str
+    label: str
+    next_due_ms: int | None = None
+    now_ms: int | None = None
+
+
+class Store:
+    """Job definitions and their timing state in Redis.
+
+    Every time is read from the Redis server's clock (``TIME``), never the host's.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None,
+                 timezone: str = "UTC") -> None:
+        self.client = client
+        self.settings = settings or Settings()
+        self.keys = Keys.for_prefix(self.settings.key_prefix)
+        self.defaults = Defaults.from_settings(self.settings, timezone)
+        self.rng = random.Random()
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(
+                resources.files("celery_zsched").joinpath(f"lua/{name}.lua").read_text("utf-8"))
+            for name in _SCRIPTS
+        }
+
+    @classmethod
+    def from_settings(cls, settings: Settings, timezone: str = "UTC") -> Store:
+        """A store on ``settings.redis_url`` (connects lazily, on first use)."""
+        client = redis.Redis.from_url(
+            settings.redis_url, decode_responses=True, socket_connect_timeout=5,
+            socket_timeout=30, health_check_interval=30)
+        return cls(client, settings, timezone)
+
+    # ----------------------------------------------------------------- basics
+    @_unavailable
+    def now_ms(self) -> int:
+        """The Redis server's clock, in epoch ms."""
+        sec, usec = self.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
+             client: Any = None) -> Any:
+        return self._scripts[name](keys=list(keys), args=list(args), client=client)
+
+    # ----------------------------------------------------------------- writes
+    def upsert(self, job: Job, *, static: bool = False) -> ImportReport:
+        """Store one job. A new job first runs now (cron: its next slot)."""
+        return self.upsert_many([job], stagger=False, static=static)
+
+    @_unavailable
+    def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
+                    total: int | None = None,
+                    progress: Callable[[int], None] | None = None) -> ImportReport:
+        """Store many jobs, pipelined in chunks; new jobs' first runs are staggered.
+
+        Job ``i`` of ``total`` first runs at ``now + i/total * interval + jitter``,
+        so an import spreads evenly over each job's interval. Jobs that already
+        exist keep their schedule (ZADD NX) unless their timing changed.
+        """
+        if total is None:
+            jobs = list(jobs)
+            total = len(jobs)
+        started = time.perf_counter()
+        now = self.now_ms()
+        report = ImportReport(total=total)
+        chunk: list[str] = ["1" if static else "0"]
+        keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
+                self.keys.paused, self.keys.static)
+        pipe = self.client.pipeline(transaction=False)
+        pending, done = 0, 0
+        for index, job in enumerate(jobs):
+            phase = index / total if stagger and total else 0.0
+            due = job.first_due_ms(now, self.settings, self.rng, phase)
+            chunk += [job.id, job.to_json(), "" if due is None else str(due),
+                      "1" if job.enabled else "0", job.timing_signature]
+            pending += 1
+            if pending >= self.settings.import_chunk:
+                self._run("upsert", keys, chunk, client=pipe)
+                chunk, done = chunk[:1], done + pending
+                pending = 0
+                if len(pipe) >= 4:
+                    self._collect(pipe, report)
+                    if progress:
+                        progress(done)
+        if pending:
+            self._run("upsert", keys, chunk, client=pipe)
+            done += pending
+        self._collect(pipe, report)
+        if progress:
+            progress(done)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    @staticmethod
+    def _collect(pipe: Any, report: ImportReport) -> None:
+        for created, updated, rescheduled in pipe.execute():
+            report.created += created
+            report.updated += updated
+            report.rescheduled += rescheduled
+
+    @_unavailable
+    def static_ids(self) -> set[str]:
+        """Ids of the jobs that came from ``beat_schedule``."""
+        return set(self.client.smembers(self.keys.static))
+
+    def _control(self, op: str, ids: Sequence[str], dues: Sequence[int] | None = None) -> int:
+        args: list[Any] = [op]
+        for i, job_id in enumerate(ids):
+            args += [job_id, dues[i] if dues else 0]
+        keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
+                self.keys.paused, self.keys.dead, self.keys.static)
+        changed, missing = 0, []
+        pipe = self.client.pipeline(transaction=False)
+        for start in range(0, max(1, len(ids)), self.settings.import_chunk):
+            part = args[1 + 2 * start: 1 + 2 * (start + self.settings.import_chunk)]
+            self._run("control", keys, [op, *part], client=pipe)
+        for result in pipe.execute():
+            changed += int(result[0])
+            missing += result[1:]
+        if missing and len(ids) == 1:
+            raise JobNotFound(missing[0])
+        return changed
+
+    @_unavailable
+    def delete(self, *ids: str) -> int:
+        """Delete jobs; an in-flight occurrence's settle will not bring them back."""
+        return self._control("delete", ids)
+
+    @_unavailable
+    def pause(self, *ids: str) -> int:
+        """Pause jobs; an in-flight occurrence still settles but is not rescheduled."""
+        return self._control("pause", ids)
+
+    @_unavailable
+    def resume(self, *ids: str) -> int:
+        """Resume paused (or dead-lettered) jobs at their next regular run from now."""
+        now = self.now_ms()
+        dues = []
+        for info in self.get_many(ids):
+            due = info.job.first_due_ms(now, self.settings, self.rng) if info else None
+            dues.append(now if due is None else due)
+        return self._control("resume", ids, dues)
+
+    @_unavailable
+    def run_now(self, *ids: str) -> int:
+        """Make jobs due now (jobs in flight are left alone)."""
+        return self._control("run_now", ids)
+
+    @_unavailable
+    def reset_failures(self, *ids: str) -> int:
+        """Zero failure counters; a dead-lettered job is brought back as due now."""
+        return self._control("reset", ids)
+
+    # ------------------------------------------------------------------ reads
+    @_unavailable
+    def get(self, job_id: str) -> JobInfo:
+        """One job with its state; raises :class:`JobNotFound`."""
+        info = self.get_many([job_id])[0]
+        if info is None:
+            raise JobNotFound(job_id)
+        return info
+
+    @_unavailable
+    def get_many(self, ids: Sequence[str]) -> list[JobInfo | None]:
+        """Many jobs in one round trip, ``None`` for ids that do not exist."""
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.defs, list(ids))
+        pipe.hmget(self.keys.state, list(ids))
+        for job_id in ids:
+            pipe.zscore(self.keys.schedule, job_id)
+            pipe.zscore(self.keys.leases, job_id)
+            pipe.sismember(self.keys.paused, job_id)
+        res = pipe.execute()
+        defs, states, rest = res[0], res[1], res[2:]
+        out: list[JobInfo | None] = []
+        for i, raw in enumerate(defs):
+            if raw is None:
+                out.append(None)
+                continue
+            due, lease, paused = rest[3 * i: 3 * i + 3]
+            state = json.loads(states[i]) if states[i] else {}
+            out.append(JobInfo(
+                job=Job.from_json(raw), status=state.get("s", "scheduled"),
+                due_ms=int(due) if due is not None else None,
+                lease_until_ms=int(lease) if lease is not None else None,
+                paused=bool(paused), state=state))
+        return out
+
+    @_unavailable
+    def list(self, offset: int = 0, limit: int = 50) -> list[JobInfo]:
+        """Scheduled jobs ordered by due time, one page."""
+        ids = self.client.zrange(self.keys.schedule, offset, offset + limit - 1)
+        return [info for info in self.get_many(ids) if info is not None]
+
+    @_unavailable
+    def iter_jobs(self, count: int = 1000) -> Iterator[Job]:
+        """Every stored definition (HSCAN: constant memory), for export and sync."""
+        for _id, raw in self.client.hscan_iter(self.keys.defs, count=count):
+            yield Job.from_json(raw)
+
+    @_unavailable
+    def peek_next_due(self) -> int | None:
+        """Due time of the earliest scheduled job."""
+        first = self.client.zrange(self.keys.schedule, 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
+    @_unavailable
+    def stats(self) -> dict[str, int]:
+        """Counts by state, jobs due soon, and lifetime counters."""
+        now = self.now_ms()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hlen(self.keys.defs)
+        pipe.zcard(self.keys.schedule)
+        pipe.zcard(self.keys.leases)
+        pipe.scard(self.keys.paused)
+        pipe.zcard(self.keys.dead)
+        pipe.zcount(self.keys.schedule, "-inf", now)
+        pipe.zcount(self.keys.schedule, "-inf", now + 60_000)
+        pipe.zcount(self.keys.schedule, "-inf", now + 3_600_000)
+        pipe.hgetall(self.keys.counters)
+        jobs, scheduled, in_flight, paused, dead, due, minute, hour, counters = pipe.execute()
+        out = {"jobs": jobs, "scheduled": scheduled, "in_flight": in_flight, "paused": paused,
+               "dead": dead, "due_now": due, "due_next_minute": minute, "due_next_hour": hour}
+        out.update({f"total_{k}": int(v) for k, v in counters.items()})
+        return out
+
+    # ------------------------------------------------------------- hot path
+    @_unavailable
+    def claim(self, limit: int | None = None, lease_s: float | None = None) -> ClaimBatch:
+        """Atomically lease up to ``limit`` due jobs (one round trip)."""
+        lease_ms = int((lease_s or self.settings.lease_s) * 1000)
+        keys = (self.keys.schedule, self.keys.leases, self.keys.state, self.keys.defs,
+                self.keys.counters)
+        res = self._run("claim", keys, [limit or self.settings.batch_size, lease_ms])
+        now, next_due, next_lease = int(res[0]), int(res[1]), int(res[2])
+        jobs = [
+            Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
+                    int(res[i + 4]), int(res[i + 5]), now)
+            for i in range(3, len(res), 6)
+        ]
+        return ClaimBatch(now, next_due if next_due >= 0 else None,
+                          next_lease if next_lease >= 0 else None, jobs)
+
+    @_unavailable
+    def release(self, claimed: Sequence[Claimed]) -> int:
+        """Return claimed-but-unpublished jobs to the schedule without counting a delivery."""
+        args: list[Any] = []
+        for c in claimed:
+            args += [c.job.id, c.occurrence, c.attempt]
+        if not args:
+            return 0
+        return int(self._run("release", (self.keys.leases, self.keys.schedule, self.keys.state),
+                             args))
+
+    @_unavailable
+    def reap(self, limit: int | None = None,
+             max_deliveries: int | None = None) -> tuple[int, int, list[str]]:
+        """Redeliver expired leases: (redelivered, dead-lettered, ids)."""
+        keys = (self.keys.leases, self.keys.schedule, self.keys.state, self.keys.dead,
+                self.keys.defs, self.keys.counters)
+        res = self._run("reap", keys, [limit or self.settings.batch_size,
+                                       max_deliveries or self.settings.max_deliveries])
+        return int(res[0]), int(res[1]), list(res[2:])
+
+    @_unavailable
+    def extend(self, job_id: str, occurrence: int, attempt: int, seconds: float) -> bool:
+        """Push back an in-flight occurrence's lease to now + ``seconds``."""
+        res = self._run("extend", (self.keys.leases, self.keys.state),
+                        [job_id, occurrence, attempt, int(seconds * 1000)])
+        return bool(res)
+
+    @_unavailable
+    def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
+               error: str = "", retry_after_s: float | None = None,
+               event: dict[str, Any] | None = None) -> SettleResult:
+        """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
+
+        The next due time is computed from the stored definition and Redis'
+        clock; if the definition's timing changes meanwhile, it is recomputed.
+        """
+        if outcome not in ("complete", "error", "skip"):
+            raise ValueError(f"unknown outcome {outcome!r}")
+        keys = (self.keys.schedule, self.keys.leases, self.keys.state, self.keys.defs,
+                self.keys.paused, self.keys.events, self.keys.counters)
+        for _ in range(5):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(self.keys.defs, job_id)
+            pipe.time()
+            raw, (sec, usec) = pipe.execute()
+            if raw is None:
+                return SettleResult(False, "deleted", outcome)
+            job = Job.from_json(raw)
+            now = int(sec) * 1000 + int(usec) // 1000
+            label, next_due, next_occ, next_attempt = self._decide(
+                job, outcome, occurrence, attempt, now, retry_after_s)
+            res = self._run("settle", keys, [
+                job_id, occurrence, attempt, outcome, label,
+                "" if next_due is None else next_due, next_occ, next_attempt,
+                error[:2000], job.timing_signature, job.max_runs or 0,
+                self.settings.events_maxlen, json.dumps(event or {}, separators=(",", ":")),
+            ])
+            if res[0] == "changed":
+                continue
+            if res[0] == "ok":
+                return SettleResult(True, res[1], label, next_due, int(res[2]))
+            return SettleResult(False, res[0], label)
+        return SettleResult(False, "changed", outcome)
+
+    def _decide(self, job: Job, outcome: str, occurrence: int, attempt: int, now: int,
+                retry_after_s: float | None) -> tuple[str, int | None, int, int]:
+        if outcome == "error":
+            retry = job.retry_due_ms(attempt, now, self.settings, retry_after_s)
+            if retry is not None:
+                return "retrying", retry, occurrence, attempt + 1
+        next_due = job.next_regular_ms(now, self.settings, self.rng)
+        label = {"complete": "complete", "skip": "skipped", "error": "error"}[outcome]
+        return label, next_due, next_due if next_due is not None else occurrence, 1
+
+    @_unavailable
+    def events(self, after: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        """Settle events after stream id ``after`` (for run history)."""
+        return list(self.client.xrange(self.keys.events, min=f"({after}" if after != "0"
+                                       else "-", count=count))
