@@ -56,3 +56,18 @@ class JobNotFound(ZSchedError, KeyError):
 
 class StoreUnavailable(ZSchedError):
     """Redis could not be reached; the operation did not happen and can be retried."""
+
+
+class BrokerUnavailable(ZSchedError):
+    """The Celery broker refused a publish; the claimed jobs were given back."""
+
+
+class JobFailed(ZSchedError):
+    """Raise from a task to report an error, optionally retrying after ``retry_after`` seconds.
+
+    For example an HTTP 429 with a ``Retry-After`` header.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)

@@ -100,7 +100,7 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         """An import row that re-imports to this same job (times as ISO 8601 UTC)."""
-        data = json.loads(self.to_json())
+        data: dict[str, Any] = json.loads(self.to_json())
         for name in _TIME_FIELDS:
             if name in data:
                 data[name] = ms_to_dt(data[name]).isoformat().replace("+00:00", "Z")
@@ -178,7 +178,7 @@ class Job:
 
 _MISSING = object()
 _FIELD_DEFAULTS: dict[str, Any] = {
-    f.name: (f.default_factory() if callable(f.default_factory) else f.default)  # type: ignore[misc]
+    f.name: (f.default_factory() if callable(f.default_factory) else f.default)
     for f in fields(Job)
 }
 

@@ -216,7 +216,7 @@ class Store:
     @_unavailable
     def static_ids(self) -> set[str]:
         """Ids of the jobs that came from ``beat_schedule``."""
-        return set(self.client.smembers(self.keys.static))
+        return {str(m) for m in self.client.smembers(self.keys.static)}
 
     def _control(self, op: str, ids: Sequence[str], dues: Sequence[int] | None = None) -> int:
         args: list[Any] = [op]
@@ -304,9 +304,9 @@ class Store:
         return out
 
     @_unavailable
-    def list(self, offset: int = 0, limit: int = 50) -> list[JobInfo]:
+    def list_jobs(self, offset: int = 0, limit: int = 50) -> list[JobInfo]:
         """Scheduled jobs ordered by due time, one page."""
-        ids = self.client.zrange(self.keys.schedule, offset, offset + limit - 1)
+        ids = [str(i) for i in self.client.zrange(self.keys.schedule, offset, offset + limit - 1)]
         return [info for info in self.get_many(ids) if info is not None]
 
     @_unavailable
@@ -436,5 +436,7 @@ class Store:
     @_unavailable
     def events(self, after: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
         """Settle events after stream id ``after`` (for run history)."""
-        return list(self.client.xrange(self.keys.events, min=f"({after}" if after != "0"
-                                       else "-", count=count))
+        rows = self.client.xrange(self.keys.events, min=f"({after}" if after != "0" else "-",
+                                  count=count)
+        return [(str(i), {str(k): str(v) for k, v in (fields or {}).items()})
+                for i, fields in rows or []]

@@ -28,7 +28,7 @@ def dt_to_ms(dt: datetime) -> int:
     """Epoch milliseconds of an aware datetime."""
     if dt.tzinfo is None:
         raise ValueError("naive datetime")
-    return int(round(dt.timestamp() * 1000))
+    return round(dt.timestamp() * 1000)
 
 
 def _hour_is_wildcard(expr: str) -> bool:
