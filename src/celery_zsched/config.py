@@ -52,6 +52,10 @@ class Settings:
     events_maxlen: int = 100_000
     #: Rows per pipelined chunk in bulk imports.
     import_chunk: int = 5000
+    #: Days of run history the Django app keeps (``zsched_drain`` prunes older
+    #: rows); 0 keeps it forever. Beat ignores it, but knows it, so the shared
+    #: ``CELERY_ZSCHED_*`` namespace of a Django project never fails validation.
+    history_days: int = 30
 
     @classmethod
     def names(cls) -> list[str]:
@@ -92,9 +96,21 @@ class Settings:
 
     @classmethod
     def from_app(cls, app: Any) -> Settings:
-        """Settings of a Celery app; the Redis URL falls back to a Redis broker URL."""
+        """Settings of a Celery app; the Redis URL falls back to a Redis broker URL.
+
+        With ``app.config_from_object(obj, namespace="CELERY")`` (the Django
+        convention) the settings are read from ``CELERY_ZSCHED_*`` as well.
+        """
         conf = app.conf
-        mapping = {k: conf.get(k) for k in list(conf.keys()) if str(k).startswith(SETTING_PREFIX)}
+        namespace = str(getattr(app, "namespace", None) or "")
+        namespace = namespace.rstrip("_").upper() + "_" if namespace else ""
+        mapping: dict[str, Any] = {}
+        for key in list(conf.keys()):
+            name = str(key)
+            if namespace and name.upper().startswith(namespace):
+                name = name[len(namespace):]
+            if name.lower().startswith(SETTING_PREFIX):
+                mapping[name] = conf.get(key)
         settings = cls.from_mapping(mapping)
         if not settings.redis_url:
             broker = conf.broker_url or ""
@@ -111,7 +127,7 @@ class Settings:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
                 )
-        for name in ("max_jitter_s", "retry_max", "misfire_grace_s"):
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "history_days"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}"

@@ -174,7 +174,7 @@ class Job:
 
     def _cron_after(self, ms: int) -> int:
         assert self.cron is not None
-        return dt_to_ms(cron_next(self.cron, ZoneInfo(self.timezone), ms_to_dt(ms)))
+        return _cron_slot_after(self.cron, self.timezone, ms)
 
     def _clamp(self, due: int) -> int | None:
         if self.end_at is not None and due > self.end_at:
@@ -185,6 +185,8 @@ class Job:
 _MISSING = object()
 _FIELD_NAMES = tuple(f.name for f in fields(Job))
 _FIELD_SET = frozenset(_FIELD_NAMES)
+# 10000-01-01T00:00:00Z: later times cannot be shown as ISO 8601 (export, show).
+_MAX_EPOCH_S = 253_402_300_800
 _FIELD_DEFAULTS: dict[str, Any] = {
     f.name: (f.default_factory() if callable(f.default_factory) else f.default)
     for f in fields(Job)
@@ -228,8 +230,9 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
     cron = None
     if "cron" in values:
         cron = values["cron"]
-        if not isinstance(cron, str) or not _cron_is_valid(cron.strip()):
-            raise ValidationError("cron", cron, "not a valid 5-field cron expression")
+        problem = _cron_problem(cron.strip()) if isinstance(cron, str) else "must be a string"
+        if problem:
+            raise ValidationError("cron", cron, problem)
         cron = " ".join(cron.split())
     times = {name: _time(values, name, tz) for name in _TIME_FIELDS}
     if times["start_at"] and times["end_at"] and times["end_at"] <= times["start_at"]:
@@ -250,16 +253,40 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
         retry_max=_integer(values, "retry_max", 0, 1000),
         retry_base_s=_number(values, "retry_base_s", minimum=0.001),
     )
-    try:
-        job.to_json()
-    except (TypeError, ValueError) as exc:
-        raise ValidationError("meta", job.meta, f"must be JSON-serialisable: {exc}") from exc
+    # The other fields are checked primitives: only the containers can fail to
+    # serialise, and encoding just them is much cheaper than job.to_json().
+    for name, value in (("meta", job.meta), ("args", job.args), ("kwargs", job.kwargs)):
+        try:
+            if value:
+                _encode(value)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(name, value, f"must be JSON-serialisable: {exc}") from exc
     return job
 
 
-# A fleet shares a handful of cron expressions, and croniter's validation is
-# the dearest step of parsing a cron row.
-_cron_is_valid = functools.lru_cache(maxsize=4096)(cron_is_valid)
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+# Cached: one bulk upsert asks for the same slot for every job that shares a
+# cron expression and zone, and each answer costs about a millisecond.
+@functools.lru_cache(maxsize=4096)
+def _cron_slot_after(expr: str, tz: str, ms: int) -> int:
+    return dt_to_ms(cron_next(expr, ZoneInfo(tz), ms_to_dt(ms)))
+
+
+# Cached: a fleet shares a handful of cron expressions, and croniter is the
+# dearest step of parsing a cron row.
+@functools.lru_cache(maxsize=4096)
+def _cron_problem(expr: str) -> str | None:
+    if not cron_is_valid(expr):
+        return "not a valid 5-field cron expression"
+    try:
+        # croniter accepts dates that never come ("0 0 31 2 *"); storing one
+        # would fail mid-import, after earlier chunks were written.
+        cron_next(expr, ZoneInfo("UTC"), datetime.now(UTC))
+    except ValueError:
+        return "never fires: no date matches it"
+    return None
 
 
 def _url(value: Any) -> str:
@@ -355,8 +382,8 @@ def _time(values: Mapping[str, Any], name: str, tz: ZoneInfo) -> int | None:
     if isinstance(raw, datetime):
         dt = raw
     elif isinstance(raw, int | float) and not isinstance(raw, bool):
-        if not math.isfinite(raw) or raw < 0:
-            raise ValidationError(name, raw, "must be a non-negative epoch time")
+        if not math.isfinite(raw) or raw < 0 or raw >= _MAX_EPOCH_S:
+            raise ValidationError(name, raw, "must be a non-negative epoch time before year 10000")
         return int(raw * 1000)
     elif isinstance(raw, str):
         try:
@@ -367,4 +394,7 @@ def _time(values: Mapping[str, Any], name: str, tz: ZoneInfo) -> int | None:
         raise ValidationError(name, raw, "must be an ISO 8601 date-time or epoch seconds")
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=tz)
-    return dt_to_ms(dt.astimezone(UTC))
+    try:
+        return dt_to_ms(dt.astimezone(UTC))
+    except OverflowError as exc:  # 9999-12-31T23:00-05:00 is past datetime.max in UTC
+        raise ValidationError(name, raw, "must be before year 10000 (UTC)") from exc

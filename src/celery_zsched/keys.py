@@ -72,9 +72,14 @@ class Keys:
         """Hash of global counters (promoted, complete, error, reaped, dead)."""
         return self._k("counters")
 
+    @property
+    def drain_cursor(self) -> str:
+        """String: id of the last settle event copied into the Django run history."""
+        return self._k("drain_cursor")
+
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
             self.defs, self.schedule, self.leases, self.state, self.paused,
-            self.dead, self.static, self.events, self.counters,
+            self.dead, self.static, self.events, self.counters, self.drain_cursor,
         ]

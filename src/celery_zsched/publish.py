@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from collections.abc import Sequence
 from typing import Any
+
+from celery.utils.nodenames import anon_nodename
+from celery.utils.saferepr import saferepr
+from kombu.common import Broadcast
 
 from .store import Claimed
 
@@ -43,22 +49,216 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
     one pipeline, so a batch costs one broker round trip; other transports
     publish immediately. Each message has a deterministic task id and headers
     that let the worker settle it.
+
+    Messages are the ones ``app.send_task`` would send, built by
+    :class:`_BatchSender` with the per-task work done once per batch.
     """
     if not jobs:
         return
     batch = producer.batch(max_size=max(1, len(jobs))) if hasattr(producer, "batch") else None
-    if batch is None:
+    sender = _BatchSender.make(app, producer, buffered=batch is not None and _buffers(producer))
+    with contextlib.ExitStack() as stack:
+        if batch is not None:
+            stack.enter_context(batch)
+        if sender is None:
+            for claimed in jobs:
+                _send(app, producer, claimed)
+            return
+        # send_task wraps each publish in this; the batch's flush stays outside it.
+        stack.enter_context(producer.connection._reraise_as_library_errors())
         for claimed in jobs:
-            _send(app, producer, claimed)
-        return
-    with batch:
-        for claimed in jobs:
-            _send(app, producer, claimed)
+            sender.send(claimed)
 
 
 def _send(app: Any, producer: Any, claimed: Claimed) -> None:
+    """The reference path: one ``app.send_task`` per job."""
     args, kwargs = message_args(claimed)
     app.send_task(
         claimed.job.task, args=args, kwargs=kwargs, task_id=claimed.task_id,
         headers=claimed.headers(), producer=producer, **routing_options(claimed),
     )
+
+
+def _buffers(producer: Any) -> bool:
+    """Whether ``producer.batch()`` really buffers on this transport (kombu's own tests)."""
+    if not getattr(producer, "supports_batch_publish", False):
+        return False
+    channel = producer.channel
+    return (getattr(channel, "create_publish_batch", None) is not None
+            and bool(getattr(channel, "supports_batch_publish", True)))
+
+
+def fast_repr(obj: Any, maxlen: int, maxlevels: int) -> str:
+    """``saferepr(obj, maxlen, maxlevels)``, cheaply for plain JSON values.
+
+    For dicts, lists, tuples, ints, floats, bools, None and strings without quotes,
+    backslashes or unprintable characters, nested at most ``maxlevels`` deep,
+    whose ``repr`` is shorter than ``maxlen``, ``saferepr`` returns exactly
+    ``repr(obj)``; anything else goes to ``saferepr`` itself.
+    """
+    if _plain(obj, 0, maxlevels):
+        text = repr(obj)
+        if len(text) < maxlen:
+            return text
+    return saferepr(obj, maxlen, maxlevels=maxlevels)
+
+
+def _plain(obj: Any, level: int, maxlevels: int) -> bool:
+    kind = type(obj)
+    if kind is str:
+        return "'" not in obj and "\\" not in obj and obj.isprintable()
+    if obj is None or kind is int or kind is float or kind is bool:
+        return True
+    if kind is dict:
+        if maxlevels and level >= maxlevels:
+            return False
+        return all(type(k) is str and _plain(k, 0, 0) and _plain(v, level + 1, maxlevels)
+                   for k, v in obj.items())
+    if kind is list or kind is tuple:
+        if maxlevels and level >= maxlevels:
+            return False
+        return all(_plain(v, level + 1, maxlevels) for v in obj)
+    return False
+
+
+class _Route:
+    """What ``send_task`` works out for one task name and set of options."""
+
+    __slots__ = ("declare", "expires", "ignore_result", "options", "soft_time_limit",
+                 "task_type", "time_limit")
+
+    def __init__(self, options: dict[str, Any], task_type: Any, time_limit: Any,
+                 soft_time_limit: Any, expires: Any, ignore_result: Any,
+                 declare: Any) -> None:
+        self.options = options
+        self.task_type = task_type
+        self.time_limit = time_limit
+        self.soft_time_limit = soft_time_limit
+        self.expires = expires
+        self.ignore_result = ignore_result
+        self.declare = declare
+
+
+class _BatchSender:
+    """Sends claimed jobs exactly as ``app.send_task`` would, minus its per-call costs.
+
+    ``send_task`` spends most of its time on work that is the same for every
+    message of one task: looking up the task's execution options, routing,
+    declaring the queue, and ``saferepr`` of the arguments. Here the first
+    three are done once per (task, options) per batch, and the reprs use
+    :func:`fast_repr`. Each message is still built by
+    ``app.amqp.create_task_message`` and sent by ``app.amqp.send_task_message``
+    (before/after publish signals, retry policy, delivery mode), so headers,
+    properties and body are the ones ``send_task`` produces.
+
+    When the transport buffers the batch (Redis), publishing only appends to a
+    pipeline, so kombu's per-message retry wrapper is skipped: it could never
+    fire, and a failed flush is reported to the caller either way.
+    """
+
+    def __init__(self, app: Any, producer: Any, buffered: bool) -> None:
+        self.app = app
+        self.amqp = app.amqp
+        self.producer = producer
+        self.router = self.amqp.router
+        conf = app.conf
+        self.maxlevels = conf.task_repr_maxlevels
+        self.args_maxlen = self.amqp.argsrepr_maxsize
+        self.kwargs_maxlen = self.amqp.kwargsrepr_maxsize
+        self.reply_to = app.thread_oid
+        self.origin = anon_nodename()  # as_task_v2's default, once per batch
+        self.retry = conf.task_publish_retry
+        self.retry_policy = dict(conf.task_publish_retry_policy or {})
+        self.overrides: dict[str, Any] = {"retry": False} if buffered else {}
+        self.routes: dict[tuple[Any, ...], _Route] = {}
+        self.declared: set[int] = set()
+
+    @classmethod
+    def make(cls, app: Any, producer: Any, buffered: bool) -> _BatchSender | None:
+        """A sender, or ``None`` where only ``send_task`` itself is faithful."""
+        conf = app.conf
+        if (conf.task_send_sent_event or conf.task_protocol != 2
+                or app.current_worker_task is not None):
+            return None
+        return cls(app, producer, buffered)
+
+    def send(self, claimed: Claimed) -> None:
+        job = claimed.job
+        args, kwargs = message_args(claimed)
+        name = job.task
+        key = (name, job.queue, job.routing_key, job.priority, job.expires_s)
+        route = self.routes.get(key)
+        if route is None:
+            options = routing_options(claimed)
+            options["headers"] = claimed.headers()
+            route = self._route(name, options, args, kwargs)
+            if route is None:  # an expiry send_task must convert itself
+                _send(self.app, self.producer, claimed)
+                return
+            if not self.router.routes:  # no task_routes: the route ignores the arguments
+                self.routes[key] = route
+        task_id = claimed.task_id
+        options = dict(route.options)
+        message = self.amqp.create_task_message(
+            task_id, name, args, kwargs, None, None, None, None, route.expires, 0, None,
+            None, None, self.reply_to, route.time_limit, route.soft_time_limit, False,
+            None, None, None, None, origin=self.origin,
+            ignore_result=route.ignore_result, replaced_task_nesting=0,
+            # as_task_v2 would repr ``args or ()``, ``kwargs or {}``
+            argsrepr=fast_repr(args or (), self.args_maxlen, self.maxlevels),
+            kwargsrepr=fast_repr(kwargs or {}, self.kwargs_maxlen, self.maxlevels),
+            **options,
+        )
+        for stamp in options.pop("stamped_headers", None) or ():
+            options.pop(stamp)
+        options = {**self.overrides, **route.declare, **options, "headers": claimed.headers()}
+        if not route.ignore_result:
+            self.app.backend.on_task_call(self.producer, task_id)
+        self.amqp.send_task_message(self.producer, name, message, **options)
+
+    def _route(self, name: str, options: dict[str, Any], args: list[Any],
+               kwargs: dict[str, Any]) -> _Route | None:
+        """``send_task``'s option handling, for one task and its options."""
+        expires_arg = options.pop("expires", _OMITTED)
+        task_type = self.app._tasks.get(name)
+        get_exec_options = getattr(task_type, "_get_exec_options", None)
+        if get_exec_options is not None and inspect.ismethod(get_exec_options):
+            filtered = {k: v for k, v in (get_exec_options() or {}).items() if v is not None}
+            if filtered:
+                options = dict(filtered, **options)
+        time_limit = options.pop("time_limit", None)
+        soft_time_limit = options.pop("soft_time_limit", None)
+        expires = options.pop("expires", None) if expires_arg is _OMITTED else expires_arg
+        options.pop("expires", None)
+        ignore_result = options.pop("ignore_result", None)
+        options = self.router.route(options, name, args, kwargs, task_type)
+        options.pop("headers", None)  # each message's own headers are added when sending
+        if expires is not None:
+            if isinstance(expires, bool) or not isinstance(expires, int | float) or expires < 0:
+                return None
+            options["expiration"] = expires
+        return _Route(options, task_type, time_limit, soft_time_limit, expires, ignore_result,
+                      self._declare(options))
+
+    def _declare(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Declare the message's queue once per batch, as ``send_task_message`` would per message.
+
+        Returns the ``declare`` argument for ``send_task_message``: empty (its
+        default: the queue) when ``options`` route somewhere else.
+        """
+        if "declare" in options:
+            return {}
+        queue = options.get("queue")
+        if queue is None and options.get("exchange") is None:
+            queue = self.amqp.default_queue
+        if isinstance(queue, str):
+            queue = self.amqp.queues[queue]
+        if not queue or isinstance(queue, Broadcast):
+            return {}
+        if id(queue) not in self.declared:
+            self.producer.maybe_declare(queue, retry=self.retry, **self.retry_policy)
+            self.declared.add(id(queue))
+        return {"declare": []}
+
+
+_OMITTED = object()

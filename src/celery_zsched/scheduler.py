@@ -151,7 +151,9 @@ class ZSchedScheduler(Scheduler):
         for claimed in jobs:
             grace = claimed.job.misfire_grace_ms(self.settings)
             late = claimed.promoted_ms - claimed.due_ms
-            if grace and late > grace and claimed.attempt == 1:
+            # Only a first fire can misfire: a retry, or a redelivery of an
+            # occurrence whose lease ran out, must run (nothing lost in a crash).
+            if grace and late > grace and claimed.attempt == 1 and claimed.deliveries == 1:
                 self.store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "skip",
                                   event={"lateness_ms": late})
                 log_event("job_misfire", job_id=claimed.job.id, lateness_ms=late)

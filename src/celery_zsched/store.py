@@ -8,6 +8,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
@@ -26,6 +27,8 @@ R = TypeVar("R")
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
 TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
 _SCRIPTS = ("upsert", "claim", "settle", "reap", "extend", "release", "control")
+#: Status label of a settle that does not retry.
+_LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
 
 
 def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
@@ -181,37 +184,50 @@ class Store:
         chunk: list[str] = ["1" if static else "0"]
         keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
                 self.keys.paused, self.keys.static)
-        pipe = self.client.pipeline(transaction=False)
-        pending, done = 0, 0
-        for index, job in enumerate(jobs):
-            phase = index / total if stagger and total else 0.0
-            due = job.first_due_ms(now, self.settings, self.rng, phase)
-            chunk += [job.id, job.to_json(), "" if due is None else str(due),
-                      "1" if job.enabled else "0", job.timing_signature]
-            pending += 1
-            if pending >= self.settings.import_chunk:
-                self._run("upsert", keys, chunk, client=pipe)
-                chunk, done = chunk[:1], done + pending
-                pending = 0
-                if len(pipe) >= 4:
-                    self._collect(pipe, report)
-                    if progress:
-                        progress(done)
-        if pending:
-            self._run("upsert", keys, chunk, client=pipe)
-            done += pending
-        self._collect(pipe, report)
+        # Each full chunk runs on a helper thread while this one builds the next,
+        # so Redis executing chunk k overlaps Python preparing chunk k+1. Chunks
+        # still run one at a time, in order; a small upsert never starts a thread.
+        executor: ThreadPoolExecutor | None = None
+        in_flight: Future[Any] | None = None
+        pending, done, rows_in_flight = 0, 0, 0
+        try:
+            for index, job in enumerate(jobs):
+                phase = index / total if stagger and total else 0.0
+                due = job.first_due_ms(now, self.settings, self.rng, phase)
+                chunk += [job.id, job.to_json(), "" if due is None else str(due),
+                          "1" if job.enabled else "0", job.timing_signature]
+                pending += 1
+                if pending >= self.settings.import_chunk:
+                    if executor is None:
+                        executor = ThreadPoolExecutor(1, thread_name_prefix="zsched-upsert")
+                    if in_flight is not None:
+                        done = self._tally(in_flight.result(), report, done + rows_in_flight,
+                                           progress)
+                    in_flight = executor.submit(self._run, "upsert", keys, chunk)
+                    chunk, rows_in_flight, pending = chunk[:1], pending, 0
+            if in_flight is not None:
+                done = self._tally(in_flight.result(), report, done + rows_in_flight, progress)
+            if pending:
+                done = self._tally(self._run("upsert", keys, chunk), report, done + pending, None)
+        finally:
+            if executor is not None:
+                executor.shutdown(wait=True)  # after an error, let the running chunk end
         if progress:
             progress(done)
         report.seconds = time.perf_counter() - started
         return report
 
     @staticmethod
-    def _collect(pipe: Any, report: ImportReport) -> None:
-        for created, updated, rescheduled in pipe.execute():
-            report.created += created
-            report.updated += updated
-            report.rescheduled += rescheduled
+    def _tally(result: Sequence[int], report: ImportReport, done: int,
+               progress: Callable[[int], None] | None) -> int:
+        """Add one chunk's counts to ``report``; ``done`` rows are stored so far."""
+        created, updated, rescheduled = result
+        report.created += created
+        report.updated += updated
+        report.rescheduled += rescheduled
+        if progress:
+            progress(done)
+        return done
 
     @_unavailable
     def static_ids(self) -> set[str]:
@@ -309,11 +325,21 @@ class Store:
         ids = [str(i) for i in self.client.zrange(self.keys.schedule, offset, offset + limit - 1)]
         return [info for info in self.get_many(ids) if info is not None]
 
-    @_unavailable
     def iter_jobs(self, count: int = 1000) -> Iterator[Job]:
-        """Every stored definition (HSCAN: constant memory), for export and sync."""
-        for _id, raw in self.client.hscan_iter(self.keys.defs, count=count):
-            yield Job.from_json(raw)
+        """Every stored definition once (HSCAN: constant memory), for export and sync.
+
+        Raises :class:`StoreUnavailable` if Redis goes away mid-scan.
+        """
+        # HSCAN may return an entry twice while the hash is rehashing; ids are
+        # remembered so every job is yielded once (an id costs far less than a job).
+        seen: set[str] = set()
+        try:
+            for job_id, raw in self.client.hscan_iter(self.keys.defs, count=count):
+                if job_id not in seen:
+                    seen.add(job_id)
+                    yield Job.from_json(raw)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
 
     @_unavailable
     def peek_next_due(self) -> int | None:
@@ -404,20 +430,27 @@ class Store:
             pipe.hget(self.keys.defs, job_id)
             pipe.time()
             raw, (sec, usec) = pipe.execute()
-            if raw is None:
-                return SettleResult(False, "deleted", outcome)
-            job = Job.from_json(raw)
             now = int(sec) * 1000 + int(usec) // 1000
-            label, next_due, next_occ, next_attempt = self._decide(
-                job, outcome, occurrence, attempt, now, retry_after_s)
+            if raw is None:
+                # Deleted while in flight: the script records the outcome of the
+                # occurrence (if it is the current one) and forgets the job.
+                job = None
+                label, next_due, next_occ, next_attempt = _LABELS[outcome], None, occurrence, 1
+            else:
+                job = Job.from_json(raw)
+                label, next_due, next_occ, next_attempt = self._decide(
+                    job, outcome, occurrence, attempt, now, retry_after_s)
             res = self._run("settle", keys, [
                 job_id, occurrence, attempt, outcome, label,
                 "" if next_due is None else next_due, next_occ, next_attempt,
-                error[:2000], job.timing_signature, job.max_runs or 0,
+                error[:2000], job.timing_signature if job else "",
+                (job.max_runs or 0) if job else 0,
                 self.settings.events_maxlen, json.dumps(event or {}, separators=(",", ":")),
             ])
             if res[0] == "changed":
                 continue
+            if job is None:
+                return SettleResult(False, "deleted", label)
             if res[0] == "ok":
                 return SettleResult(True, res[1], label, next_due, int(res[2]))
             return SettleResult(False, res[0], label)
@@ -430,8 +463,7 @@ class Store:
             if retry is not None:
                 return "retrying", retry, occurrence, attempt + 1
         next_due = job.next_regular_ms(now, self.settings, self.rng)
-        label = {"complete": "complete", "skip": "skipped", "error": "error"}[outcome]
-        return label, next_due, next_due if next_due is not None else occurrence, 1
+        return _LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1
 
     @_unavailable
     def events(self, after: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:

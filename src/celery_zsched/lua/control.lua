@@ -1,7 +1,9 @@
 -- control.lua: pause, resume, run-now or delete many jobs in one call.
 --
 -- None of these touches an occurrence that is in flight: pausing or deleting
--- only changes what happens after its settle, and run-now skips it.
+-- only changes what happens after its settle, and run-now skips it. Deleting
+-- an in-flight job keeps its lease and state until its settle (which records
+-- the outcome, then forgets the job) or until reap drops the expired lease.
 --
 -- KEYS[1] defs      hash  id -> definition JSON
 -- KEYS[2] schedule  zset  id -> due ms
@@ -31,9 +33,8 @@ for i = 2, #ARGV, 2 do
     local changed = false
     if op == "delete" then
       redis.call("HDEL", defs, id)
-      redis.call("HDEL", state, id)
+      if not in_flight then redis.call("HDEL", state, id) end
       redis.call("ZREM", schedule, id)
-      redis.call("ZREM", leases, id)
       redis.call("SREM", paused, id)
       redis.call("ZREM", dead, id)
       redis.call("SREM", static, id)

@@ -37,7 +37,8 @@ local st = cjson.decode(raw)
 if st.o ~= occ or st.a ~= attempt or st.s == "finished" or st.s == "dead" then
   return {"stale"}
 end
-if st.g ~= nil and st.g ~= ARGV[10] then return {"changed"} end
+local deleted = redis.call("HEXISTS", defs, id) == 0
+if not deleted and st.g ~= nil and st.g ~= ARGV[10] then return {"changed"} end
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -57,7 +58,7 @@ redis.call("XADD", events, "MAXLEN", "~", ARGV[12], "*",
   "error", ARGV[9], "at", now, "data", ARGV[13])
 redis.call("HINCRBY", counters, label, 1)
 
-if redis.call("HEXISTS", defs, id) == 0 then
+if deleted then
   redis.call("HDEL", state, id)
   return {"deleted"}
 end

@@ -21,7 +21,7 @@ local created, updated, rescheduled = 0, 0, 0
 
 for i = 2, #ARGV, 5 do
   local id, def, due, enabled, sig = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] == "1", ARGV[i + 4]
-  redis.call("HSET", defs, id, def)
+  local is_new = redis.call("HSET", defs, id, def) == 1
   if mark_static then redis.call("SADD", static, id) end
   local raw = redis.call("HGET", state, id)
   local st
@@ -37,7 +37,9 @@ for i = 2, #ARGV, 5 do
       redis.call("SADD", paused, id)
     end
   else
-    updated = updated + 1
+    -- A state without a definition is an occurrence still in flight after a
+    -- delete: the job is created again and continues from that occurrence.
+    if is_new then created = created + 1 else updated = updated + 1 end
     st = cjson.decode(raw)
     local in_flight = redis.call("ZSCORE", leases, id)
     if not enabled then

@@ -1,0 +1,1 @@
+"""The example's scrapers: one Celery task, and local fake feeds for it to fetch."""

@@ -1,0 +1,511 @@
+"""``celery -A proj zsched ...``: manage the job store from the command line.
+
+Installed through the ``celery.commands`` entry point, so Celery's own ``-A``
+picks the app, whose ``zsched_*`` settings pick the store.
+
+Exit status: 0 success, 1 unknown job id, 2 bad usage, 65 invalid job or
+import file (nothing written), 69 Redis unreachable, 78 bad ``zsched_*`` setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, ParamSpec, TextIO, TypeVar
+
+import click
+import redis
+from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
+from celery.exceptions import CeleryCommandException
+
+from .appstore import app_timezone, store_for_app
+from .errors import (
+    ConfigurationError,
+    ImportValidationError,
+    JobNotFound,
+    StoreUnavailable,
+    ValidationError,
+)
+from .importer import FORMATS, detect_format, export_row, iter_rows, parse_rows, write_rows
+from .job import Defaults, Job
+from .store import JobInfo, Store
+from .timing import ms_to_dt
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EX_NOT_FOUND = 1
+EX_DATAERR = 65
+EX_UNAVAILABLE = 69
+EX_CONFIG = 78
+
+_STORE_META = "celery_zsched.store"
+#: Errors listed before "... and N more" when rows are skipped.
+_MAX_LISTED = 50
+# CLI option of each job field whose name differs from ``--field-name``.
+_OPTION_OF = {
+    "interval_s": "--interval", "timezone": "--tz", "jitter_s": "--jitter",
+    "expires_s": "--expires", "misfire_grace_s": "--misfire-grace", "enabled": "--paused",
+    "kwargs": "--kwarg", "args": "--arg",
+}
+# Readable names of the compact runtime state fields the Lua scripts keep.
+_STATE_NAMES = {
+    "s": "status", "o": "occurrence_ms", "a": "attempt", "d": "deliveries", "due": "due_ms",
+    "p": "promoted_ms", "n": "next_due_ms", "r": "runs", "f": "failures",
+    "c": "consecutive_failures", "e": "last_error", "ls": "last_outcome",
+    "l": "last_settled_ms", "g": "timing_signature",
+}
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    raise CeleryCommandException(message=message, exit_code=code)
+
+
+def _errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn the package's errors into one-line messages and exit codes, never tracebacks."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except ImportValidationError as exc:
+            _fail(str(exc), EX_DATAERR)
+        except ValidationError as exc:
+            _fail(str(exc), EX_DATAERR)
+        except JobNotFound as exc:
+            _fail(str(exc), EX_NOT_FOUND)
+        except ConfigurationError as exc:
+            _fail(f"configuration: {exc}", EX_CONFIG)
+        except StoreUnavailable as exc:
+            _fail(f"cannot reach {_where()}: {exc.__cause__ or exc}", EX_UNAVAILABLE)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Generators (Store.iter_jobs) raise redis' own errors unwrapped.
+            _fail(f"cannot reach {_where()}: {exc}", EX_UNAVAILABLE)
+        except redis.RedisError as exc:
+            _fail(f"{_where()} failed: {exc}", EX_UNAVAILABLE)
+    return wrapper
+
+
+def _where() -> str:
+    ctx = click.get_current_context(silent=True)
+    # ctx.meta is shared by the whole context chain; _store() records the store there.
+    store = ctx.meta.get(_STORE_META) if ctx is not None else None
+    if not isinstance(store, Store):
+        return "Redis"
+    url = store.settings.redis_url
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        url = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return f"Redis at {url} (prefix {store.keys.prefix})"
+
+
+def _app(ctx: click.Context) -> Any:
+    obj = ctx.find_root().obj
+    app = getattr(obj, "app", None)
+    if app is None:
+        _fail("run this as `celery -A proj zsched ...`, so there is a Celery app", EX_CONFIG)
+    return app
+
+
+def _store(ctx: click.Context) -> Store:
+    store = store_for_app(_app(ctx))
+    ctx.meta[_STORE_META] = store
+    return store
+
+
+def _defaults(ctx: click.Context, store: Store) -> Defaults:
+    return Defaults.from_settings(store.settings, app_timezone(_app(ctx)))
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return ms_to_dt(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _echo(ctx: click.Context, message: str) -> None:
+    obj = ctx.find_root().obj
+    if obj is not None and hasattr(obj, "echo"):
+        obj.echo(message)
+    else:
+        click.echo(message)
+
+
+@click.group(name="zsched")
+@click.pass_context
+@handle_preload_options
+def zsched(ctx: click.Context) -> None:
+    """Manage celery-zsched jobs: add, import, export, list, pause, resume, run now."""
+
+
+# --------------------------------------------------------------------- add
+def _pairs(option: str, values: Iterable[str], as_json: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
+        out[key] = _maybe_json(value) if as_json else value
+    return out
+
+
+def _maybe_json(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _time_arg(value: str | None) -> str | float | None:
+    """Epoch seconds stay numbers; anything else is parsed as ISO 8601 by the job."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _option(*decls: str, group: str, **attrs: Any) -> Callable[[Callable[..., Any]], Any]:
+    return click.option(*decls, cls=CeleryOption, help_group=group, **attrs)
+
+
+_ADD_OPTIONS = [
+    _option("--url", group="Target", help="URL to fetch; the id defaults to sha1(url)[:12]."),
+    _option("--id", "job_id", group="Target", help="Explicit job id."),
+    _option("--task", group="Target", help="Celery task name (default: zsched_default_task)."),
+    _option("--name", group="Target", help="Free-text label."),
+    _option("--meta", multiple=True, metavar="KEY=VALUE", group="Target",
+            help="Metadata passed to a URL task (string values; repeatable)."),
+    _option("--kwarg", multiple=True, metavar="KEY=VALUE", group="Target",
+            help="Task keyword argument, JSON when it parses as JSON (repeatable)."),
+    _option("--arg", multiple=True, group="Target",
+            help="Task positional argument, JSON when it parses as JSON (repeatable)."),
+    _option("--interval", type=float, group="Timing", help="Run every this many seconds."),
+    _option("--cron", group="Timing", help="5-field cron expression, in --tz."),
+    _option("--tz", group="Timing", help="IANA time zone (default: the app's timezone)."),
+    _option("--run-at", group="Timing",
+            help="Run once at this ISO 8601 time (naive = --tz) or epoch seconds."),
+    _option("--jitter", type=float, group="Timing", help="Random delay of up to this many s."),
+    _option("--start-at", group="Timing", help="Do not run before this time."),
+    _option("--end-at", group="Timing", help="Do not run after this time."),
+    _option("--max-runs", type=int, group="Timing", help="Stop after this many runs."),
+    _option("--misfire-grace", type=float, group="Timing",
+            help="Skip a fire that is later than this many seconds."),
+    _option("--paused", is_flag=True, group="Timing", help="Store the job paused."),
+    _option("--queue", group="Routing", help="Celery queue."),
+    _option("--routing-key", group="Routing", help="Routing key."),
+    _option("--priority", type=int, group="Routing", help="Message priority (0-255)."),
+    _option("--expires", type=float, group="Routing",
+            help="Seconds after its due time that a message expires."),
+]
+
+
+def _with_options(options: list[Callable[[Callable[..., Any]], Any]]
+                  ) -> Callable[[Callable[..., Any]], Any]:
+    def decorate(fn: Callable[..., Any]) -> Any:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+def _definition(opts: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": opts["job_id"], "url": opts["url"], "task": opts["task"], "name": opts["name"],
+        "interval_s": opts["interval"], "cron": opts["cron"], "timezone": opts["tz"],
+        "run_at": _time_arg(opts["run_at"]), "start_at": _time_arg(opts["start_at"]),
+        "end_at": _time_arg(opts["end_at"]), "jitter_s": opts["jitter"],
+        "max_runs": opts["max_runs"], "misfire_grace_s": opts["misfire_grace"],
+        "queue": opts["queue"], "routing_key": opts["routing_key"],
+        "priority": opts["priority"], "expires_s": opts["expires"],
+        "meta": _pairs("--meta", opts["meta"], as_json=False),
+        "kwargs": _pairs("--kwarg", opts["kwarg"], as_json=True),
+        "args": [_maybe_json(value) for value in opts["arg"]],
+        "enabled": not opts["paused"],
+    }
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@zsched.command(cls=CeleryCommand)
+@_with_options(_ADD_OPTIONS)
+@click.pass_context
+@_errors
+def add(ctx: click.Context, /, **opts: Any) -> None:
+    """Add a job, or update the job with the same id; print its id and next run."""
+    data = _definition(opts)
+    store = _store(ctx)
+    try:
+        job = Job.from_dict(data, _defaults(ctx, store))
+    except ValidationError as exc:
+        option = _OPTION_OF.get(exc.field, "--" + exc.field.replace("_", "-"))
+        _fail(f"invalid {option}: {exc.message} (got {exc.value!r})", EX_DATAERR)
+    report = store.upsert(job)
+    info = store.get(job.id)
+    _echo(ctx, job.id)
+    verb = "created" if report.created else "updated"
+    _echo(ctx, f"{verb} {job.kind} job; next run: {_next_run(info)}")
+
+
+def _next_run(info: JobInfo) -> str:
+    if info.due_ms is not None:
+        return _iso(info.due_ms) or ""
+    if info.lease_until_ms is not None:
+        return "in flight"
+    return "paused" if info.paused else info.status
+
+
+# ------------------------------------------------------------ import/export
+@contextlib.contextmanager
+def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A callback taking the count done so far: a bar on a terminal, else a line per 10%."""
+    if sys.stderr.isatty():
+        with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+            seen = [0]
+
+            def advance(done: int) -> None:
+                bar.update(done - seen[0])
+                seen[0] = done
+            yield advance
+        return
+    last = [-1, -1]  # the count and the tenth printed last
+
+    def report(done: int) -> None:
+        # A line per tenth, and one at the end: readable in CI logs, never a flood.
+        tenth = done * 10 // max(total, 1)
+        if done != last[0] and (tenth > last[1] or done >= total):
+            percent = 100 * done // total if total else 100
+            click.echo(f"{label}: {done}/{total} ({percent}%)", err=True)
+            last[0], last[1] = done, tenth
+    yield report
+
+
+@zsched.command("import", cls=CeleryCommand)
+@_option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
+         group="Import Options", help="File of jobs (.json, .jsonl or .csv).")
+@_option("--format", "fmt", type=click.Choice(FORMATS), group="Import Options",
+         help="File format (default: from the suffix).")
+@_option("--skip-invalid", is_flag=True, group="Import Options",
+         help="Store the valid rows and report the others (default: store nothing).")
+@_option("--dry-run", is_flag=True, group="Import Options",
+         help="Validate only; write nothing.")
+@click.pass_context
+@_errors
+def import_(ctx: click.Context, path: str, fmt: str | None, skip_invalid: bool,
+            dry_run: bool) -> None:
+    """Import jobs from a file; first runs are staggered over each job's interval.
+
+    Every row is validated before anything is written. Re-importing a file
+    updates definitions and leaves schedules where they are.
+    """
+    store = _store(ctx)
+    started = time.perf_counter()
+    result = parse_rows(iter_rows(path, fmt), _defaults(ctx, store),
+                        skip_invalid=skip_invalid)
+    parsed_s = time.perf_counter() - started
+    for error in result.errors[:_MAX_LISTED]:
+        click.echo(f"skipped {error}", err=True)
+    if len(result.errors) > _MAX_LISTED:
+        click.echo(f"... and {len(result.errors) - _MAX_LISTED} more", err=True)
+    count = len(result.jobs)
+    if dry_run:
+        _echo(ctx, f"dry run: {count} valid job(s), {len(result.errors)} invalid row(s) "
+                   f"in {parsed_s:.2f}s; nothing written")
+        return
+    click.echo(f"validated {count} job(s) in {parsed_s:.2f}s", err=True)
+    with _progress(count, f"storing {path}") as progress:
+        report = store.upsert_many(result.jobs, stagger=True, total=count, progress=progress)
+    skipped = f", skipped {len(result.errors)} invalid row(s)" if result.errors else ""
+    _echo(ctx, f"imported {count} job(s): created {report.created}, updated {report.updated}, "
+               f"rescheduled {report.rescheduled}{skipped} in "
+               f"{time.perf_counter() - started:.2f}s")
+
+
+def _unique(jobs: Iterable[Job]) -> Iterator[Job]:
+    # HSCAN may return an entry twice while the hash is rehashed; a duplicate
+    # id would make the export fail to re-import.
+    seen: set[str] = set()
+    for job in jobs:
+        if job.id not in seen:
+            seen.add(job.id)
+            yield job
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[TextIO]:
+    """stdout for ``-``; else a temporary file that replaces ``path`` only on success."""
+    if path == "-":
+        yield sys.stdout
+        return
+    target = Path(path)
+    # click's atomic=True renames even after an error, so a failed export
+    # would replace a good file with a truncated one.
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with open(fd, "w", encoding="utf-8", newline="") as fp:
+            yield fp
+        os.chmod(tmp, _file_mode(target))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _file_mode(path: Path) -> int:
+    # mkstemp makes the file 0600; give it the mode open() would have.
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@zsched.command("export", cls=CeleryCommand)
+@_option("-f", "--file", "path", default="-", type=click.Path(dir_okay=False, allow_dash=True),
+         group="Export Options", help="Output file (default: stdout).")
+@_option("--format", "fmt", type=click.Choice(FORMATS), group="Export Options",
+         help="Output format (default: from the suffix, json on stdout).")
+@click.pass_context
+@_errors
+def export(ctx: click.Context, path: str, fmt: str | None) -> None:
+    """Write every job definition to a file that `zsched import` reads back."""
+    if fmt is None:
+        fmt = "json" if path == "-" else detect_format(path)
+    store = _store(ctx)
+    started = time.perf_counter()
+    with _output(path) as fp:
+        count = write_rows(_unique(store.iter_jobs()), fp, fmt)
+    where = "stdout" if path == "-" else path
+    click.echo(f"exported {count} job(s) to {where} in {time.perf_counter() - started:.2f}s",
+               err=True)
+
+
+# -------------------------------------------------------------------- reads
+@zsched.command("list", cls=CeleryCommand)
+@_option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+         group="List Options", help="Rows to show.")
+@_option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+         group="List Options", help="Rows to skip.")
+@click.pass_context
+@_errors
+def list_(ctx: click.Context, limit: int, offset: int) -> None:
+    """Scheduled jobs, soonest first (paused and in-flight jobs are not scheduled)."""
+    infos = _store(ctx).list_jobs(offset=offset, limit=limit)
+    rows = [("ID", "KIND", "NEXT RUN", "STATUS", "TARGET")]
+    rows += [(i.job.id, i.job.kind, _iso(i.due_ms) or "-", i.status, i.job.url or i.job.task)
+             for i in infos]
+    widths = [max(len(row[col]) for row in rows) for col in range(4)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        _echo(ctx, "  ".join([*cells, row[4]]))
+
+
+@zsched.command(cls=CeleryCommand)
+@click.argument("job_id", metavar="ID")
+@click.pass_context
+@_errors
+def show(ctx: click.Context, job_id: str) -> None:
+    """A job's definition and live state, as JSON."""
+    info = _store(ctx).get(job_id)
+    state = {name: info.state[key] for key, name in _STATE_NAMES.items() if key in info.state}
+    state.update({k: v for k, v in info.state.items() if k not in _STATE_NAMES})
+    _echo(ctx, json.dumps({
+        "id": info.job.id, "kind": info.job.kind, "status": info.status,
+        "paused": info.paused, "next_run": _iso(info.due_ms),
+        "lease_until": _iso(info.lease_until_ms), "definition": export_row(info.job),
+        "state": state,
+    }, indent=2, ensure_ascii=False))
+
+
+@zsched.command(cls=CeleryCommand)
+@_option("--json", "as_json", is_flag=True, group="Output Options", help="Print JSON.")
+@click.pass_context
+@_errors
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Job counts by state, jobs due soon, and lifetime counters."""
+    counts = _store(ctx).stats()
+    if as_json:
+        _echo(ctx, json.dumps(counts, indent=2, sort_keys=True))
+        return
+    width = max(map(len, counts))
+    for key, value in counts.items():
+        _echo(ctx, f"{key.ljust(width)}  {value}")
+
+
+# ------------------------------------------------------------------ control
+def _existing(store: Store, ids: tuple[str, ...]) -> None:
+    missing = [i for i, info in zip(ids, store.get_many(ids), strict=True) if info is None]
+    if len(missing) == 1 and len(ids) == 1:
+        raise JobNotFound(missing[0])
+    if missing:
+        _fail(f"no such job(s): {', '.join(missing)}; nothing changed", EX_NOT_FOUND)
+
+
+def _report(ctx: click.Context, ids: tuple[str, ...], changed: int, one: str, same: str,
+            many: str) -> None:
+    # Templates: ``one``/``same`` take {id} (changed or not), ``many`` {changed} and {total}.
+    if len(ids) > 1:
+        _echo(ctx, many.format(changed=changed, total=len(ids)))
+    else:
+        _echo(ctx, (one if changed else same).format(id=ids[0]))
+
+
+_IDS = click.argument("ids", metavar="ID...", nargs=-1, required=True)
+
+
+@zsched.command(cls=CeleryCommand)
+@_IDS
+@click.pass_context
+@_errors
+def delete(ctx: click.Context, ids: tuple[str, ...]) -> None:
+    """Delete jobs; a run in flight finishes but does not bring them back."""
+    store = _store(ctx)
+    _existing(store, ids)
+    _report(ctx, ids, store.delete(*ids), "deleted {id}", "{id}: not deleted",
+            "deleted {changed} of {total} job(s)")
+
+
+@zsched.command(cls=CeleryCommand)
+@_IDS
+@click.pass_context
+@_errors
+def pause(ctx: click.Context, ids: tuple[str, ...]) -> None:
+    """Pause jobs; a run in flight finishes but is not rescheduled."""
+    store = _store(ctx)
+    _existing(store, ids)
+    _report(ctx, ids, store.pause(*ids), "paused {id}", "{id}: already paused",
+            "paused {changed} of {total} job(s)")
+
+
+@zsched.command(cls=CeleryCommand)
+@_IDS
+@click.pass_context
+@_errors
+def resume(ctx: click.Context, ids: tuple[str, ...]) -> None:
+    """Resume paused or dead-lettered jobs at their next regular run from now."""
+    store = _store(ctx)
+    _existing(store, ids)
+    _report(ctx, ids, store.resume(*ids), "resumed {id}", "{id}: not paused",
+            "resumed {changed} of {total} job(s)")
+    if len(ids) == 1:
+        _echo(ctx, f"next run: {_next_run(store.get(ids[0]))}")
+
+
+@zsched.command("run-now", cls=CeleryCommand)
+@_IDS
+@click.pass_context
+@_errors
+def run_now(ctx: click.Context, ids: tuple[str, ...]) -> None:
+    """Make jobs due now (a job in flight is left alone)."""
+    store = _store(ctx)
+    _existing(store, ids)
+    _report(ctx, ids, store.run_now(*ids), "{id} is due now", "{id}: in flight, left alone",
+            "made {changed} of {total} job(s) due now")

@@ -1,0 +1,1 @@
+"""Optional integrations of celery-zsched with other frameworks (installed through extras)."""

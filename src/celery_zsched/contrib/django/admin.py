@@ -1,0 +1,608 @@
+"""The admin of scheduled jobs: next runs from Redis, outcomes, run history and controls.
+
+Reads are cheap at any fleet size: the changelist fetches the live Redis state
+of the rows on its page with one :meth:`Store.get_many` call (one round trip),
+and the change page fetches its one job the same way. The actions (pause,
+resume, run now, reset failures) are one :class:`Store` pipeline over every
+selected id plus one SQL ``UPDATE``, so "select all 100,000" stays fast.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import django
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.db.models import QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.views.decorators.http import require_POST
+
+from celery_zsched.errors import JobNotFound, StoreUnavailable
+from celery_zsched.store import JobInfo, Store
+from celery_zsched.timing import ms_to_dt
+
+from .conf import get_store
+from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
+
+#: Attribute of a row instance that holds its live Redis state for this request.
+#: Set per instance (never on the shared ModelAdmin), so concurrent requests
+#: of a threaded server cannot see each other's rows.
+INFO_ATTR = "_zsched_info"
+#: Attribute of a row instance that links it to the other rows of its page.
+PAGE_ATTR = "_zsched_page"
+#: Placeholder for "the Redis read failed", distinct from "no such job" (None).
+_UNAVAILABLE = object()
+#: Runs shown inline on the change page; the full history is under "Job runs".
+RECENT_RUNS = 20
+
+#: Colours of the last-outcome badge (readable on the light and dark admin themes).
+BADGE_COLOURS: dict[str, str] = {
+    "complete": "#2e7d32",
+    "retrying": "#ef6c00",
+    "error": "#c62828",
+    "skipped": "#607d8b",
+    "": "#9e9e9e",
+}
+
+
+# ----------------------------------------------------------- live Redis state
+def attach_infos(store: Store, rows: Sequence[ZSchedJob]) -> None:
+    """Fetch the live state of ``rows`` in one round trip and cache it on each row."""
+    try:
+        infos: list[Any] = list(store.get_many([row.job_id for row in rows]))
+    except StoreUnavailable:
+        infos = [_UNAVAILABLE] * len(rows)
+    for row, info in zip(rows, infos, strict=True):
+        setattr(row, INFO_ATTR, info)
+
+
+def info_of(row: ZSchedJob) -> Any:
+    """The row's cached :class:`JobInfo`, fetched with its page on first use.
+
+    ``None`` when the job is not in Redis, :data:`_UNAVAILABLE` when Redis
+    could not be reached.
+    """
+    if INFO_ATTR not in row.__dict__:
+        page: _Page | None = row.__dict__.get(PAGE_ATTR)
+        if page is not None:
+            page.load()
+        else:
+            attach_infos(get_store(), [row])
+    return row.__dict__[INFO_ATTR]
+
+
+class _Page:
+    """The rows of one changelist page; the first row rendered loads them all."""
+
+    def __init__(self, rows: list[ZSchedJob]) -> None:
+        self.rows = rows
+        self.loaded = False
+
+    def load(self) -> None:
+        if not self.loaded:
+            self.loaded = True
+            attach_infos(get_store(), self.rows)
+
+
+class ZSchedChangeList(ChangeList):
+    """A changelist that reads its page's Redis state with one ``get_many`` call.
+
+    Lazily: the read happens when the first row is rendered, so requests that
+    build a changelist without rendering it (an action POST) cost no round trip.
+    """
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # Iterating the page's queryset fills its result cache, so the template
+        # later renders these very instances.
+        rows = list(self.result_list)
+        page = _Page(rows)
+        for row in rows:
+            row.__dict__[PAGE_ATTR] = page
+
+
+# --------------------------------------------------------------- formatting
+def relative(dt: datetime, now: datetime) -> str:
+    """``in 42 s``, ``in 3 min``, ``in 2 h 5 min``, ``due 8 s ago``: short enough for a column."""
+    delta = (dt - now).total_seconds()
+    seconds = abs(delta)
+    if seconds < 1:
+        return "due now"
+    if seconds < 60:
+        text = f"{int(seconds)} s"
+    elif seconds < 3600:
+        text = f"{int(seconds // 60)} min"
+    elif seconds < 86400:
+        text = f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    else:
+        text = f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
+    # In the past: beat has not claimed it yet (it is down, or far behind).
+    return f"in {text}" if delta > 0 else f"due {text} ago"
+
+
+def _when(dt: datetime) -> SafeString:
+    """A time as "in 4 min" over its local clock time; the full ISO time in the tooltip."""
+    now = timezone.now()
+    local = timezone.localtime(dt)
+    same_day = local.date() == timezone.localtime(now).date()
+    clock = local.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M")
+    return format_html('<span title="{}" style="white-space:nowrap">{}<br><small>{}</small>'
+                       "</span>", local.isoformat(), relative(dt, now), clock)
+
+
+def _muted(text: str, title: str = "") -> SafeString:
+    return format_html('<span style="color:var(--body-quiet-color,#666)" title="{}">{}</span>',
+                       title, text)
+
+
+def next_run_html(info: Any) -> SafeString:
+    """What the job does next, from its live Redis state."""
+    if info is _UNAVAILABLE:
+        return _muted("Redis unavailable")
+    if info is None:
+        return _muted("not in Redis", "Saved rows reach Redis on commit; "
+                                      "manage.py zsched_sync pushes any that are missing.")
+    assert isinstance(info, JobInfo)
+    if info.lease_until_ms is not None:
+        return format_html("running<br><small>lease until {}</small>",
+                           timezone.localtime(ms_to_dt(info.lease_until_ms)).strftime("%H:%M:%S"))
+    if info.paused:
+        return _muted("paused")
+    if info.due_ms is None:
+        return _muted({"dead": "dead-lettered", "finished": "finished"}.get(info.status,
+                                                                             info.status))
+    return _when(ms_to_dt(info.due_ms))
+
+
+def badge(status: str) -> SafeString:
+    """A coloured pill for a settle label (``complete``, ``retrying``, ``error`` ...)."""
+    label = dict(RunStatus.choices).get(status, status) if status else "never run"
+    colour = BADGE_COLOURS.get(status, BADGE_COLOURS[""])
+    return format_html(
+        '<span class="zsched-badge zsched-{}" style="background:{};color:#fff;'
+        'border-radius:9px;padding:1px 8px;white-space:nowrap;font-size:11px">{}</span>',
+        status or "none", colour, label)
+
+
+def _every(seconds: float) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"every {count} {unit}{'s' if count != 1 else ''}"
+    return f"every {seconds:g} second{'s' if seconds != 1 else ''}"
+
+
+def describe_cron(expr: str) -> str:
+    """A cron expression in plain words, e.g. ``*/15 * * * *`` -> "Every 15 minutes"."""
+    from cron_descriptor import ExpressionDescriptor, Options
+
+    options = Options()
+    options.use_24hour_time_format = True
+    options.verbose = False
+    try:
+        return str(ExpressionDescriptor(expr, options).get_description())
+    except Exception:  # cron-descriptor raises its own assortment of types
+        return expr
+
+
+def schedule_in_words(row: ZSchedJob) -> str:
+    """The row's timing as a sentence (empty while the row is incomplete)."""
+    tz = row.timezone or timezone.get_default_timezone_name()
+    if row.cron and row.cron.strip():
+        text = f"{describe_cron(' '.join(row.cron.split()))} ({tz} time)"
+    elif row.run_at is not None:
+        text = f"Once, at {timezone.localtime(row.run_at).strftime('%Y-%m-%d %H:%M %Z')}"
+    elif row.interval_s:
+        text = _every(row.interval_s).capitalize()
+    else:
+        text = "Every CELERY_ZSCHED_DEFAULT_INTERVAL_S seconds"
+    if row.jitter_s:
+        text += f", plus up to {row.jitter_s:g} s of random jitter"
+    return text
+
+
+# ------------------------------------------------------------------ filters
+class FailingFilter(admin.SimpleListFilter):
+    """Jobs whose latest settles failed (``consecutive_failures > 0`` in the mirror)."""
+
+    title = "failing"
+    parameter_name = "failing"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Failing now"), ("no", "Not failing")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.filter(consecutive_failures__gt=0)
+        if self.value() == "no":
+            return queryset.filter(consecutive_failures=0)
+        return None
+
+
+class LastStatusFilter(admin.SimpleListFilter):
+    """The last settle label, with "never run" for rows without one."""
+
+    title = "last status"
+    parameter_name = "last_status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*RunStatus.choices, ("none", "Never run")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value == "none":
+            return queryset.filter(last_status="")
+        if value:
+            return queryset.filter(last_status=value)
+        return None
+
+
+# ------------------------------------------------------------------- inlines
+class RecentRunsFormSet(BaseInlineFormSet):  # type: ignore[type-arg, misc, unused-ignore]
+    """Only the newest :data:`RECENT_RUNS` runs (the inline admin cannot slice)."""
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if not hasattr(self, "_recent"):
+            # Slicing here, after the formset has filtered by job: a sliced
+            # queryset cannot be filtered any more.
+            self._recent = super().get_queryset().order_by("-finished_at", "-id")[:RECENT_RUNS]
+        return self._recent
+
+
+class RecentRunsInline(admin.TabularInline):  # type: ignore[type-arg, misc, unused-ignore]
+    """The job's newest runs, read-only (history is written by ``zsched_drain`` only)."""
+
+    model = ZSchedRun
+    formset = RecentRunsFormSet
+    fk_name = "job"
+    extra = 0
+    can_delete = False
+    verbose_name_plural = f"recent runs (newest {RECENT_RUNS}, copied from Redis by zsched_drain)"
+    fields = ("finished_at", "status_badge", "attempt", "duration", "wait", "lateness",
+              "short_error", "task_id")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Whoever may see the job may see its history.
+        opts = ZSchedJob._meta
+        return bool(request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
+                    or request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
+
+    @admin.display(description="status")
+    def status_badge(self, run: ZSchedRun) -> SafeString:
+        return badge(run.status)
+
+    @admin.display(description="duration")
+    def duration(self, run: ZSchedRun) -> str:
+        return _ms(run.duration_ms)
+
+    @admin.display(description="queue wait")
+    def wait(self, run: ZSchedRun) -> str:
+        return _ms(run.wait_ms)
+
+    @admin.display(description="beat lateness")
+    def lateness(self, run: ZSchedRun) -> str:
+        return _ms(run.lateness_ms)
+
+    @admin.display(description="error")
+    def short_error(self, run: ZSchedRun) -> str:
+        return str(Truncator(run.error).chars(120))
+
+
+def _ms(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value} ms" if abs(value) < 10_000 else f"{value / 1000:.1f} s"
+
+
+# -------------------------------------------------------------------- actions
+#: action name -> (Store method, past tense for the message, DB columns to set).
+_OPERATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "pause": ("pause", "Paused", {"enabled": False}),
+    "resume": ("resume", "Resumed", {"enabled": True}),
+    "run_now": ("run_now", "Queued to run now", {}),
+    # The mirror follows Redis at once, so the list stops showing the job as failing.
+    "reset_failures": ("reset_failures", "Reset the failures of",
+                       {"consecutive_failures": 0, "failure_count": 0, "last_error": ""}),
+}
+
+
+def apply_operation(operation: str, queryset: QuerySet[ZSchedJob]) -> tuple[int, int, float]:
+    """Run ``operation`` on every job of ``queryset``: (rows, changed in Redis, seconds).
+
+    One Store pipeline (the Store chunks the ids inside it) and at most one SQL
+    UPDATE, whatever the number of rows. Redis goes first: if it is down the
+    operation fails as a whole and the database is left as it was.
+    """
+    started = time.perf_counter()
+    method, _, columns = _OPERATIONS[operation]
+    ids = list(queryset.values_list("job_id", flat=True))
+    if not ids:
+        return 0, 0, 0.0
+    store_call: Callable[..., int] = getattr(get_store(), method)
+    changed = store_call(*ids)
+    if columns:
+        # update() sends no save signals: Redis already has the change, and a
+        # per-row on_commit upsert of 10,000 rows is what this avoids.
+        # The queryset itself, not job_id__in=ids: one statement whatever the
+        # count, and no bound-parameter limit (SQLite's is 999 on old builds).
+        queryset.update(**columns)
+    return len(ids), changed, time.perf_counter() - started
+
+
+def _make_action(operation: str, description: str) -> Callable[..., None]:
+    def action(modeladmin: ZSchedJobAdmin, request: HttpRequest,
+               queryset: QuerySet[ZSchedJob]) -> None:
+        modeladmin.run_operation(request, operation, queryset)
+
+    action.__name__ = f"{operation}_jobs"
+    decorated: Callable[..., None] = admin.action(
+        description=description, permissions=("change",))(action)
+    return decorated
+
+
+# ---------------------------------------------------------------- job admin
+@admin.register(ZSchedJob)
+class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
+    """Scheduled jobs: live next runs, outcomes, run history, and controls."""
+
+    change_form_template = "admin/zsched/zschedjob/change_form.html"
+    list_display = ("title", "schedule", "next_run", "last_outcome", "short_last_error",
+                    "enabled")
+    list_display_links = ("title",)
+    list_filter = ("enabled", "kind", LastStatusFilter, "queue", FailingFilter)
+    search_fields = ("name", "url", "job_id")
+    list_per_page = 100
+    # Bounds the one get_many call of "show all".
+    list_max_show_all = 500
+    ordering = ("name", "job_id")
+    actions = (
+        _make_action("pause", "Pause selected jobs"),
+        _make_action("resume", "Resume selected jobs"),
+        _make_action("run_now", "Run selected jobs now"),
+        _make_action("reset_failures", "Reset failures of selected jobs"),
+    )
+    inlines = (RecentRunsInline,)
+    readonly_fields = ("schedule_words", "next_run_detail", "redis_state", "last_outcome",
+                       "last_error_full", "last_run_at", "run_count", "failure_count",
+                       "consecutive_failures", "kind", "created_at", "updated_at")
+    fieldsets = (
+        ("Now (live from Redis)", {
+            "fields": ("next_run_detail", "last_outcome", "last_error_full", "redis_state"),
+        }),
+        (None, {"fields": ("name", "url", "task", "job_id", "enabled")}),
+        ("Timing", {
+            "fields": ("interval_s", "cron", "timezone", "schedule_words", "run_at",
+                       "jitter_s", "start_at", "end_at", "max_runs", "misfire_grace_s"),
+            "description": "Give one of interval, cron or run at. Cron is read on the wall "
+                           "clock of the time zone, DST included.",
+        }),
+        ("Counters (mirrored from Redis by zsched_drain and zsched_sync)", {
+            "fields": ("last_run_at", "run_count", "failure_count", "consecutive_failures",
+                       "kind", "created_at", "updated_at"),
+        }),
+        ("Arguments", {"fields": ("meta", "args", "kwargs"), "classes": ("collapse",)}),
+        ("Routing and retries", {
+            "fields": ("queue", "routing_key", "priority", "expires_s", "retry_max",
+                       "retry_base_s"),
+            "classes": ("collapse",),
+        }),
+    )
+    #: Sections and fields that mean nothing before the job exists.
+    _CHANGE_ONLY_SECTIONS = ("Now (live from Redis)",
+                             "Counters (mirrored from Redis by zsched_drain and zsched_sync)")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None:
+            return self.fieldsets
+        out = []
+        for title, options in self.fieldsets:
+            if title in self._CHANGE_ONLY_SECTIONS:
+                continue
+            fields = tuple(f for f in options["fields"] if f != "schedule_words")
+            out.append((title, {**options, "fields": fields}))
+        return out
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        # A job that is being added has no runs; leaving the inline out also
+        # spares the add form a management form to post.
+        return super().get_inline_instances(request, obj) if obj is not None else []
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if isinstance(db_field, models.URLField) and django.VERSION >= (5, 0):
+            # Scrape targets are http(s) URLs typed in full; say which scheme a
+            # bare host gets instead of relying on Django's changing default.
+            kwargs.setdefault("assume_scheme", "https")
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    # ------------------------------------------------------------ changelist
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ZSchedChangeList
+
+    @admin.display(description="name / URL", ordering="name")
+    def title(self, row: ZSchedJob) -> SafeString:
+        main = row.name or row.url or row.job_id
+        sub = row.url if row.name and row.url else row.job_id
+        return format_html("{}<br><small>{}</small>", main, Truncator(sub).chars(80))
+
+    @admin.display(description="kind / schedule", ordering="kind")
+    def schedule(self, row: ZSchedJob) -> SafeString:
+        if row.kind == JobKind.CRON:
+            spec = f"{row.cron} {row.timezone or ''}".strip()
+        elif row.kind == JobKind.ONCE and row.run_at is not None:
+            spec = timezone.localtime(row.run_at).strftime("%Y-%m-%d %H:%M")
+        else:
+            spec = _every(row.interval_s) if row.interval_s else "default interval"
+        return format_html("{}<br><small>{}</small>", row.get_kind_display(), spec)
+
+    @admin.display(description="next run")
+    def next_run(self, row: ZSchedJob) -> SafeString:
+        return next_run_html(info_of(row))
+
+    @admin.display(description="last outcome", ordering="last_status")
+    def last_outcome(self, row: ZSchedJob) -> SafeString:
+        # Live from Redis when the state is at hand (it is fetched for the page
+        # anyway); the database mirror, which the filters use, otherwise.
+        info = info_of(row) if row.pk else None
+        status = row.last_status
+        if isinstance(info, JobInfo) and info.state.get("ls"):
+            status = str(info.state["ls"])
+        return badge(status)
+
+    def _last_error(self, row: ZSchedJob) -> str:
+        info = info_of(row) if row.pk else None
+        if isinstance(info, JobInfo) and "ls" in info.state:
+            return str(info.state.get("e") or "")
+        return str(row.last_error)
+
+    @admin.display(description="last error")
+    def short_last_error(self, row: ZSchedJob) -> SafeString:
+        error = self._last_error(row)
+        return format_html('<span title="{}">{}</span>', error, Truncator(error).chars(60))
+
+    # ----------------------------------------------------------- change page
+    @admin.display(description="schedule in words")
+    def schedule_words(self, row: ZSchedJob) -> str:
+        return schedule_in_words(row) if row.pk else "(shown after saving)"
+
+    @admin.display(description="next run")
+    def next_run_detail(self, row: ZSchedJob) -> SafeString:
+        return next_run_html(info_of(row)) if row.pk else _muted("-")
+
+    @admin.display(description="state in Redis")
+    def redis_state(self, row: ZSchedJob) -> str:
+        info = info_of(row) if row.pk else None
+        if not isinstance(info, JobInfo):
+            return "-"
+        st = info.state
+        parts = [info.status]
+        if info.lease_until_ms is not None:
+            parts.append("in flight")
+        if st.get("a", 1) != 1:
+            parts.append(f"attempt {st['a']}")
+        if st.get("d"):
+            parts.append(f"{st['d']} deliveries")
+        parts.append(f"{st.get('r', 0)} runs, {st.get('f', 0)} failures, "
+                     f"{st.get('c', 0)} in a row")
+        return " · ".join(str(p) for p in parts)
+
+    @admin.display(description="last error")
+    def last_error_full(self, row: ZSchedJob) -> str:
+        return (self._last_error(row) if row.pk else "") or "-"
+
+    # ---------------------------------------------------------------- actions
+    def run_operation(self, request: HttpRequest, operation: str,
+                      queryset: QuerySet[ZSchedJob]) -> bool:
+        """Apply ``operation`` and report it as an admin message; False on failure."""
+        try:
+            rows, changed, seconds = apply_operation(operation, queryset)
+        except JobNotFound as exc:
+            self.message_user(request, f"{exc}: it is not in Redis yet; run "
+                              "manage.py zsched_sync to push it.", messages.ERROR)
+            return False
+        except StoreUnavailable as exc:
+            self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
+            return False
+        past = _OPERATIONS[operation][1]
+        noun = "job" if rows == 1 else "jobs"
+        self.message_user(request, f"{past} {rows} {noun} ({changed} changed in Redis, "
+                          f"{seconds * 1000:.0f} ms).", messages.SUCCESS)
+        return True
+
+    def get_urls(self) -> list[URLPattern]:
+        opts = self.model._meta
+        name = f"{opts.app_label}_{opts.model_name}"
+        custom = [
+            path(f"<path:object_id>/{op.replace('_', '-')}/",
+                 self.admin_site.admin_view(self._button_view(op)), name=f"{name}_{op}")
+            for op in _OPERATIONS
+        ]
+        # Before the defaults: their "<path:object_id>/" would swallow these.
+        urls: list[URLPattern] = custom + super().get_urls()
+        return urls
+
+    def _button_view(self, operation: str) -> Callable[..., HttpResponse]:
+        @require_POST  # type: ignore[untyped-decorator, unused-ignore]
+        def view(request: HttpRequest, object_id: str) -> HttpResponse:
+            row = get_object_or_404(ZSchedJob, pk=object_id)
+            if not self.has_change_permission(request, row):
+                raise PermissionDenied
+            self.run_operation(request, operation, ZSchedJob.objects.filter(pk=row.pk))
+            opts = self.model._meta
+            return HttpResponseRedirect(reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
+                args=[row.pk]))
+
+        handler: Callable[..., HttpResponse] = view
+        return handler
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any],
+                           add: bool = False, change: bool = False, form_url: str = "",
+                           obj: ZSchedJob | None = None) -> HttpResponse:
+        if obj is not None and obj.pk:
+            opts = self.model._meta
+            context["zsched_buttons"] = [
+                (reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_{op}",
+                         args=[obj.pk]), label)
+                for op, label in (("resume", "Resume") if not obj.enabled else ("pause", "Pause"),
+                                  ("run_now", "Run now"), ("reset_failures", "Reset failures"))
+            ]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+@admin.register(ZSchedRun)
+class ZSchedRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
+    """The whole run history, read-only (written by ``zsched_drain``)."""
+
+    list_display = ("finished_at", "job_id", "status_badge", "attempt", "duration",
+                    "short_error")
+    list_filter = ("status",)
+    search_fields = ("job_id", "task_id")
+    date_hierarchy = "finished_at"
+    list_per_page = 100
+    # The job column is the raw id: a join per row would cost more than it shows.
+    list_select_related = False
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ZSchedRun]:
+        return super().get_queryset(request).order_by("-finished_at", "-id")
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: ZSchedRun) -> SafeString:
+        return badge(run.status)
+
+    @admin.display(description="duration", ordering="duration_ms")
+    def duration(self, run: ZSchedRun) -> str:
+        return _ms(run.duration_ms)
+
+    @admin.display(description="error")
+    def short_error(self, run: ZSchedRun) -> str:
+        return str(Truncator(run.error).chars(80))

@@ -1,0 +1,183 @@
+"""Bulk import into the database (then Redis, staggered) and export from the database.
+
+The file formats, validation and line numbers are :mod:`celery_zsched.importer`'s,
+shared with ``celery zsched import``; this module adds the database, which is
+written first (one transaction) because the row is the durable definition.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from django.db import transaction
+from django.utils import timezone as dj_timezone
+
+from celery_zsched.errors import ValidationError
+from celery_zsched.importer import parse_rows, read_rows, write_rows
+from celery_zsched.job import Job
+from celery_zsched.store import ImportReport
+
+from .conf import get_defaults, get_store
+from .models import DEFINITION_FIELDS, ZSchedJob
+from .progress import Progress
+from .sync import IN_CHUNK, SAMPLES, batched, chunked_rows, existing_ids
+
+#: Rows per ``bulk_create`` / ``bulk_update`` call (the backend may split further).
+DB_BATCH = 2000
+
+
+@dataclass
+class ImportSummary:
+    """What :func:`import_jobs` did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool = False
+    #: Rows in the file, and valid ones.
+    rows: int = 0
+    valid: int = 0
+    #: Rows left out with ``skip_invalid``: each error names its field and line.
+    invalid: list[ValidationError] = field(default_factory=list)
+    #: New rows created; existing rows updated (``update``) or skipped (without it).
+    created: int = 0
+    updated: int = 0
+    skipped_existing: int = 0
+    skipped_ids: list[str] = field(default_factory=list)
+    #: What the Redis upsert did (``None`` for a dry run or when nothing was written).
+    redis: ImportReport | None = None
+    #: Seconds per phase: read, validate, db, redis.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """Human-readable summary."""
+        verb = "would " if self.dry_run else ""
+        out = [
+            f"rows: {self.rows}, valid: {self.valid}, invalid (skipped): {len(self.invalid)}",
+            f"{verb}create: {self.created}",
+            f"{verb}update: {self.updated}",
+            f"existing ids skipped (use --update to update them): {self.skipped_existing}"
+            if self.skipped_existing else "existing ids skipped: 0",
+        ]
+        if self.skipped_ids:
+            out.append("  e.g. " + ", ".join(self.skipped_ids))
+        out += [f"  {error}" for error in self.invalid[:50]]
+        if len(self.invalid) > 50:
+            out.append(f"  ... and {len(self.invalid) - 50} more")
+        if self.redis is not None:
+            out.append(f"Redis: {self.redis.created} created, {self.redis.updated} updated, "
+                       f"{self.redis.rescheduled} rescheduled")
+        out.append("took " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        return out
+
+
+def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = False,
+                update: bool = False, skip_invalid: bool = False,
+                progress: Progress | None = None) -> ImportSummary:
+    """Import a JSON, JSON Lines or CSV file of jobs into the database, then Redis.
+
+    Every row is validated before anything is written. Any invalid row raises
+    :class:`~celery_zsched.errors.ImportValidationError` listing each bad row's
+    field and line, and nothing is written; with ``skip_invalid`` the valid rows
+    are imported and the others reported. New ids are created with
+    ``bulk_create``; ids already in the database are skipped, or with
+    ``update`` overwritten (their schedule only moves if their timing
+    changed). All database writes are one transaction. Then the written jobs
+    are upserted into Redis, first runs staggered over their intervals.
+
+    A file that cannot be read raises :class:`~celery_zsched.errors.ValidationError`.
+    If Redis is down after the database commit,
+    :class:`~celery_zsched.errors.StoreUnavailable` is raised: the rows are
+    saved, and ``zsched_sync`` brings Redis in line.
+    """
+    progress = progress or Progress(io.StringIO(), enabled=False)
+    summary = ImportSummary(dry_run=dry_run)
+    clock = time.perf_counter()
+
+    rows = read_rows(path, fmt)
+    summary.rows = len(rows)
+    summary.timings["read"] = _lap(clock)
+
+    clock = time.perf_counter()
+    result = parse_rows(rows, get_defaults(), skip_invalid=skip_invalid)
+    del rows
+    summary.valid, summary.invalid = len(result.jobs), result.errors
+    known = existing_ids(job.id for job in result.jobs)
+    fresh = [job for job in result.jobs if job.id not in known]
+    existing = [job for job in result.jobs if job.id in known]
+    summary.created = len(fresh)
+    if update:
+        summary.updated = len(existing)
+    else:
+        summary.skipped_existing = len(existing)
+        summary.skipped_ids = [job.id for job in existing[:SAMPLES]]
+    summary.timings["validate"] = _lap(clock)
+    if dry_run:
+        return summary
+
+    clock = time.perf_counter()
+    with transaction.atomic():
+        _create(fresh, progress)
+        if update and existing:
+            _update(existing, progress)
+    progress.finish()
+    summary.timings["db"] = _lap(clock)
+
+    written = fresh + existing if update else fresh
+    if written:
+        clock = time.perf_counter()
+        progress.start("redis", len(written))
+        summary.redis = get_store().upsert_many(written, stagger=True, total=len(written),
+                                                progress=progress.update)
+        progress.finish()
+        summary.timings["redis"] = _lap(clock)
+    return summary
+
+
+def _lap(started: float) -> float:
+    return round(time.perf_counter() - started, 3)
+
+
+def _create(jobs: list[Job], progress: Progress) -> None:
+    progress.start("database", len(jobs))
+    for part in batched(jobs, DB_BATCH):
+        # bulk_create sends no signals: Redis is written once, in bulk, after.
+        ZSchedJob.objects.bulk_create([ZSchedJob.from_job(job) for job in part])
+        progress.advance(len(part))
+
+
+def _update(jobs: list[Job], progress: Progress) -> None:
+    progress.start("update", len(jobs))
+    now = dj_timezone.now()
+    fields = [*DEFINITION_FIELDS, "kind", "updated_at"]
+    for part in batched(jobs, IN_CHUNK):
+        by_id = {job.id: job for job in part}
+        rows = list(ZSchedJob.objects.filter(job_id__in=list(by_id)))
+        for row in rows:
+            row.set_definition(by_id[row.job_id])
+            row.updated_at = now
+        ZSchedJob.objects.bulk_update(rows, fields, batch_size=DB_BATCH)
+        progress.advance(len(part))
+
+
+def export_jobs(fp: TextIO, fmt: str, *, invalid: list[str] | None = None) -> int:
+    """Write every database job to ``fp`` as ``json``, ``jsonl`` or ``csv``; returns the count.
+
+    Streams the table in chunks. The output re-imports (``zsched_import``) to
+    the same definitions. Rows that fail validation are left out and listed in
+    ``invalid``.
+    """
+    defaults = get_defaults()
+
+    def jobs() -> Iterator[Job]:
+        for rows in chunked_rows(ZSchedJob.objects.all()):
+            for row in rows:
+                try:
+                    yield row.to_job(defaults)
+                except ValidationError as exc:
+                    if invalid is not None:
+                        invalid.append(f"{row.job_id or row.pk}: {exc}")
+
+    return write_rows(jobs(), fp, fmt)

@@ -1,0 +1,170 @@
+"""Settings and the Redis store of the Django app, read lazily from Django settings.
+
+Every ``CELERY_ZSCHED_*`` Django setting is the ``zsched_*`` Celery setting of
+the same name (the ``namespace="CELERY"`` convention), so beat, workers and
+Django read one configuration. Two more are Django-only:
+
+``CELERY_ZSCHED_REDIS_ALIAS``
+    A django-redis cache alias whose connection settings the store reuses
+    (with ``decode_responses=True``, so on a pool of its own). Beat and
+    workers do not read Django caches: give them the same server with
+    ``CELERY_ZSCHED_REDIS_URL`` (system check ``zsched.W001`` reminds you).
+``TIME_ZONE``
+    The default zone of cron jobs and of naive times.
+
+Nothing is read at import time; :func:`reset` drops the cached values (it runs
+by itself when a test changes a relevant setting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import redis
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from celery_zsched.config import Settings
+from celery_zsched.errors import ConfigurationError
+from celery_zsched.job import Defaults
+from celery_zsched.store import Store
+
+DJANGO_PREFIX = "CELERY_"
+ALIAS_SETTING = "CELERY_ZSCHED_REDIS_ALIAS"
+_FALLBACK_URL = "redis://localhost:6379/0"
+
+_lock = threading.RLock()
+_cache: dict[str, Any] = {}
+
+
+def zsched_mapping() -> dict[str, Any]:
+    """The ``CELERY_ZSCHED_*`` Django settings as lowercase ``zsched_*`` keys."""
+    out: dict[str, Any] = {}
+    for name in dir(django_settings):
+        if name.startswith(DJANGO_PREFIX + "ZSCHED_"):
+            out[name[len(DJANGO_PREFIX):].lower()] = getattr(django_settings, name)
+    return out
+
+
+def redis_alias() -> str | None:
+    """The django-redis cache alias to connect through, if one is configured."""
+    alias = getattr(django_settings, ALIAS_SETTING, None)
+    return str(alias) if alias else None
+
+
+def time_zone() -> str:
+    """Default zone of jobs: Django's ``TIME_ZONE`` (``UTC`` when unset)."""
+    return str(getattr(django_settings, "TIME_ZONE", None) or "UTC")
+
+
+def get_settings() -> Settings:
+    """The :class:`~celery_zsched.config.Settings` of this project (cached).
+
+    Without ``CELERY_ZSCHED_REDIS_URL`` the URL falls back, as in beat, to
+    ``CELERY_BROKER_URL`` when that is Redis, else ``redis://localhost:6379/0``
+    (ignored when an alias is configured). Raises
+    :class:`~celery_zsched.errors.ConfigurationError` for unknown or bad values.
+    """
+    with _lock:
+        if "settings" not in _cache:
+            settings = Settings.from_mapping(zsched_mapping())
+            if not settings.redis_url:
+                broker = str(getattr(django_settings, "CELERY_BROKER_URL", "") or "")
+                is_redis = broker.startswith(("redis://", "rediss://", "unix://"))
+                settings = dataclasses.replace(
+                    settings, redis_url=broker if is_redis else _FALLBACK_URL)
+            _cache["settings"] = settings
+        result: Settings = _cache["settings"]
+        return result
+
+
+def get_defaults() -> Defaults:
+    """What definitions inherit: default task and interval, and ``TIME_ZONE``."""
+    return Defaults.from_settings(get_settings(), time_zone())
+
+
+def get_client() -> redis.Redis:
+    """A decoded Redis client, from the cache alias if configured, else the URL (cached)."""
+    with _lock:
+        if "client" not in _cache:
+            alias = redis_alias()
+            if alias:
+                _cache["client"] = client_for_alias(alias)
+            else:
+                _cache["client"] = redis.Redis.from_url(
+                    get_settings().redis_url, decode_responses=True,
+                    socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+        client: redis.Redis = _cache["client"]
+        return client
+
+
+def get_store() -> Store:
+    """The :class:`~celery_zsched.store.Store` of this project (cached; connects on use)."""
+    with _lock:
+        if "store" not in _cache:
+            _cache["store"] = Store(get_client(), get_settings(), time_zone())
+        store: Store = _cache["store"]
+        return store
+
+
+def client_for_alias(alias: str) -> redis.Redis:
+    """A client with the connection settings of django-redis cache ``alias``.
+
+    The cache's own pool returns bytes; the store needs ``decode_responses=True``,
+    so this builds a pool of its own through the alias's connection factory,
+    which keeps its password, TLS, timeouts, pool class (e.g. Sentinel) and
+    client class. Raises :class:`ConfigurationError` when the alias is not a
+    django-redis cache.
+    """
+    from django.core.cache import InvalidCacheBackendError, caches
+
+    try:
+        cache = caches[alias]
+    except InvalidCacheBackendError as exc:
+        raise ConfigurationError(f"{ALIAS_SETTING}: no cache named {alias!r}") from exc
+    factory = getattr(getattr(cache, "client", None), "connection_factory", None)
+    if factory is None or not hasattr(factory, "make_connection_params"):
+        raise ConfigurationError(
+            f"{ALIAS_SETTING}: cache {alias!r} is not a django-redis cache "
+            f"({type(cache).__module__}.{type(cache).__name__})")
+    params = dict(factory.make_connection_params(first_location(alias)))
+    params["decode_responses"] = True
+    pool = factory.get_connection_pool(params)
+    client: redis.Redis = factory.redis_client_cls(
+        connection_pool=pool, **factory.redis_client_cls_kwargs)
+    return client
+
+
+def first_location(alias: str) -> str:
+    """The primary (write) server of a cache alias' ``LOCATION``."""
+    location: Any = django_settings.CACHES[alias].get("LOCATION", "")
+    if isinstance(location, list | tuple):
+        location = location[0] if location else ""
+    first = str(location).split(",")[0].strip()
+    if not first:
+        raise ConfigurationError(f"{ALIAS_SETTING}: cache {alias!r} has no LOCATION")
+    return first
+
+
+def reset() -> None:
+    """Forget the cached settings, client and store (tests, or after a fork)."""
+    with _lock:
+        client = _cache.pop("client", None)
+        _cache.clear()
+    if client is not None:
+        client.close()
+        # A client built on an explicit pool leaves the pool open on close().
+        client.connection_pool.disconnect()
+
+
+_RELEVANT = ("CACHES", "TIME_ZONE", "USE_TZ")
+
+
+@receiver(setting_changed)
+def _setting_changed(setting: str, **kwargs: Any) -> None:
+    # override_settings / pytest-django's ``settings`` fixture send this.
+    if setting.startswith(DJANGO_PREFIX) or setting in _RELEVANT:
+        reset()

@@ -1,0 +1,198 @@
+"""Run history, copied in bulk from the Redis settle stream: no database write on the hot path.
+
+Every settle appends one entry to a capped Redis stream (``settle.lua``).
+:func:`drain` copies new entries into :class:`ZSchedRun` rows with
+``bulk_create``, refreshes the runtime mirror of the jobs concerned with
+``bulk_update``, then advances a cursor kept in Redis. Each entry's stream id
+is unique in the table, so draining the same entries twice (a crash between
+the insert and the cursor write, or two drains at once) adds nothing.
+
+The stream holds about ``CELERY_ZSCHED_EVENTS_MAXLEN`` entries (100,000 by
+default): drain at least that often (the ``drain_history`` task every minute
+is plenty) or history has gaps. The mirror fields stay right regardless,
+since they are read from the jobs' Redis state, not summed from events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+import redis
+from django.db import transaction
+from django.utils import timezone as dj_timezone
+
+from celery_zsched.store import Store
+
+from .conf import get_settings, get_store
+from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
+from .sync import IN_CHUNK, batched
+
+#: Stream entries read per round trip and written per transaction.
+BATCH = 1000
+
+
+@dataclass
+class DrainReport:
+    """What :func:`drain` did."""
+
+    #: Stream entries read, and run rows created (fewer when some were drained before).
+    read: int = 0
+    created: int = 0
+    #: Job rows whose runtime mirror changed.
+    jobs_updated: int = 0
+    #: History rows older than ``CELERY_ZSCHED_HISTORY_DAYS`` deleted.
+    pruned: int = 0
+    #: Stream id of the last entry drained ("0": none yet).
+    cursor: str = "0"
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (a Celery task's result)."""
+        return asdict(self)
+
+
+def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -> DrainReport:
+    """Copy up to ``max_items`` new settle events into :class:`ZSchedRun`; idempotent.
+
+    Then, with ``prune``, delete history older than ``CELERY_ZSCHED_HISTORY_DAYS``.
+    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    """
+    started = time.perf_counter()
+    store = get_store()
+    report = DrainReport(cursor=read_cursor(store))
+    while report.read < max_items:
+        events = store.events(after=report.cursor, count=min(batch, max_items - report.read))
+        if not events:
+            break
+        with transaction.atomic():
+            report.created += _record(events)
+            report.jobs_updated += _refresh_mirror(store, events)
+        # The cursor moves only after the rows are committed: a crash in between
+        # re-reads entries whose rows exist, which the unique stream_id absorbs.
+        report.cursor = events[-1][0]
+        advance_cursor(store, report.cursor)
+        report.read += len(events)
+    if prune:
+        report.pruned = prune_history()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def read_cursor(store: Store) -> str:
+    """Stream id of the last drained entry ("0" before the first drain)."""
+    return str(store.client.get(store.keys.drain_cursor) or "0")
+
+
+def advance_cursor(store: Store, cursor: str) -> bool:
+    """Move the cursor forward to ``cursor``; never backwards (two drains may race)."""
+    key = store.keys.drain_cursor
+    with store.client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                current = pipe.get(key)
+                if current and _stream_order(str(current)) >= _stream_order(cursor):
+                    pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.set(key, cursor)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+
+
+def _stream_order(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+def prune_history(days: int | None = None) -> int:
+    """Delete runs that finished more than ``days`` ago (default: the setting; 0 keeps all)."""
+    days = get_settings().history_days if days is None else days
+    if days <= 0:
+        return 0
+    cutoff = dj_timezone.now() - timedelta(days=days)
+    # ZSchedRun has no dependants and no delete signals: one DELETE statement.
+    deleted, _ = ZSchedRun.objects.filter(finished_at__lt=cutoff).delete()
+    return deleted
+
+
+# ---------------------------------------------------------------- internals
+def run_from_event(stream_id: str, fields: Mapping[str, str]) -> ZSchedRun:
+    """The :class:`ZSchedRun` of one stream entry (fields as written by ``settle.lua``)."""
+    try:
+        data: dict[str, Any] = json.loads(fields.get("data") or "{}") or {}
+    except ValueError:
+        data = {}
+    settled = _int(fields.get("at")) or int(stream_id.partition("-")[0])
+    return ZSchedRun(
+        job_id=fields.get("id", ""),
+        occurrence=_int(fields.get("occ")) or 0,
+        attempt=_int(fields.get("attempt")) or 1,
+        status=fields.get("status", ""),
+        error=fields.get("error", ""),
+        task_id=str(data.get("task_id") or "")[:64],
+        due_at=to_db_datetime(_int(data.get("due_ms"))),
+        promoted_at=to_db_datetime(_int(data.get("promoted_ms"))),
+        started_at=to_db_datetime(_int(data.get("started_ms"))),
+        finished_at=to_db_datetime(settled),
+        wait_ms=_int(data.get("wait_ms")),
+        duration_ms=_int(data.get("duration_ms")),
+        lateness_ms=_int(data.get("lateness_ms")),
+        stream_id=stream_id,
+    )
+
+
+def _int(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _record(events: Sequence[tuple[str, Mapping[str, str]]]) -> int:
+    ids = [stream_id for stream_id, _fields in events]
+    seen: set[str] = set()
+    for part in batched(ids, IN_CHUNK):
+        seen.update(ZSchedRun.objects.filter(stream_id__in=part)
+                    .values_list("stream_id", flat=True))
+    runs = [run_from_event(sid, fields) for sid, fields in events if sid not in seen]
+    # ignore_conflicts too: a concurrent drain may insert the same entries now.
+    ZSchedRun.objects.bulk_create(runs, batch_size=500, ignore_conflicts=True)
+    return len(runs)
+
+
+def _refresh_mirror(store: Store, events: Sequence[tuple[str, Mapping[str, str]]]) -> int:
+    last: dict[str, Mapping[str, str]] = {}
+    for _sid, fields in events:
+        if fields.get("id"):
+            last[fields["id"]] = fields
+    ids = list(last)
+    # Counters come from the state Redis keeps (one HMGET), not from summing
+    # events, so the mirror is right however often an entry is drained.
+    raw_states = store.client.hmget(store.keys.state, ids) if ids else []
+    targets: dict[str, dict[str, Any]] = {}
+    for job_id, raw in zip(ids, raw_states, strict=True):
+        if raw:
+            targets[job_id] = mirror_values(json.loads(raw))
+        else:
+            # The job left Redis since (deleted): keep its counters, record
+            # the last outcome from the event itself.
+            fields = last[job_id]
+            targets[job_id] = {
+                "last_status": fields.get("status", ""), "last_error": fields.get("error", ""),
+                "last_run_at": to_db_datetime(_int(fields.get("at")))}
+    changed: list[ZSchedJob] = []
+    for part in batched(ids, IN_CHUNK):
+        rows = ZSchedJob.objects.filter(job_id__in=part).only("pk", "job_id", *MIRROR_FIELDS)
+        changed += [row for row in rows if row.apply_values(targets[row.job_id])]
+    ZSchedJob.objects.bulk_update(changed, MIRROR_FIELDS, batch_size=500)
+    return len(changed)

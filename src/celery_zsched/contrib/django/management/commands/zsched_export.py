@@ -1,0 +1,37 @@
+"""``manage.py zsched_export --file jobs.csv``: every job, in a file ``zsched_import`` reads back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from celery_zsched.errors import ZSchedError
+from celery_zsched.importer import FORMATS, detect_format
+
+from ...bulk import export_jobs
+
+
+class Command(BaseCommand):
+    help = "Export every job as JSON, JSON Lines or CSV (to stdout by default)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--file", "-f", help="Output file (default: stdout).")
+        parser.add_argument("--format", choices=FORMATS,
+                            help="Format (default: from --file's suffix; jsonl on stdout).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path, invalid = options["file"], []
+        try:
+            fmt = detect_format(path, options["format"]) if path else options["format"] or "jsonl"
+            if path:
+                with Path(path).open("w", encoding="utf-8", newline="") as fp:
+                    count = export_jobs(fp, fmt, invalid=invalid)
+            else:
+                count = export_jobs(self.stdout._out, fmt, invalid=invalid)
+        except (ZSchedError, OSError) as exc:
+            raise CommandError(str(exc)) from exc
+        for line in invalid:
+            self.stderr.write(f"left out invalid job {line}")
+        self.stderr.write(f"exported {count} job(s)" + (f" to {path}" if path else ""))

@@ -1,0 +1,33 @@
+"""``manage.py zsched_stats``: jobs by state, due soon, lateness percentiles, dead letters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from celery_zsched.errors import ZSchedError
+
+from ...stats import collect, lines
+
+
+class Command(BaseCommand):
+    help = ("Show jobs by state, jobs due in the next minute and hour, p50/p95/p99 "
+            "lateness of recent runs, and dead letters.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--window", type=int, default=60,
+                            help="Minutes of recent runs for the percentiles.")
+        parser.add_argument("--json", action="store_true", help="Print JSON.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            stats = collect(window_minutes=options["window"])
+        except ZSchedError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(stats, indent=2, sort_keys=True))
+        else:
+            for line in lines(stats):
+                self.stdout.write(line)

@@ -1,0 +1,333 @@
+"""Models: the durable job definition (:class:`ZSchedJob`) and run history (:class:`ZSchedRun`).
+
+A :class:`ZSchedJob` row is the source of truth of a job's definition. Redis
+holds a copy of it plus the timing state; edits reach Redis on commit (see
+:mod:`.signals`) or through :func:`.sync.reconcile`. The runtime fields
+(``last_run_at`` … ``consecutive_failures``) only mirror Redis: they are
+written by :func:`.history.drain` and :func:`.sync.reconcile`, never by users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.conf import settings as django_settings
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
+from django.utils import timezone as dj_timezone
+
+from celery_zsched.errors import ValidationError
+from celery_zsched.job import Defaults, Job, job_id_for_url
+from celery_zsched.timing import ms_to_dt
+
+#: Core :class:`~celery_zsched.job.Job` field -> model field, where the names differ.
+CORE_TO_MODEL: dict[str, str] = {"id": "job_id"}
+
+#: Definition fields, in the order of :class:`~celery_zsched.job.Job`.
+DEFINITION_FIELDS: tuple[str, ...] = (
+    "job_id", "name", "task", "url", "meta", "args", "kwargs", "interval_s", "cron",
+    "timezone", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
+    "priority", "expires_s", "enabled", "max_runs", "misfire_grace_s", "retry_max",
+    "retry_base_s",
+)
+
+#: Read-only mirror of the Redis runtime state, refreshed in bulk.
+MIRROR_FIELDS: tuple[str, ...] = (
+    "last_run_at", "last_status", "last_error", "run_count", "failure_count",
+    "consecutive_failures",
+)
+
+_TIME_FIELDS = ("run_at", "start_at", "end_at")
+
+
+def model_field_for(core_field: str) -> str:
+    """The model field a core validation error belongs to (``NON_FIELD_ERRORS`` if none)."""
+    name = CORE_TO_MODEL.get(core_field, core_field)
+    return name if name in DEFINITION_FIELDS else NON_FIELD_ERRORS
+
+
+def to_db_datetime(ms: int | None) -> datetime | None:
+    """An epoch-ms value as the datetime the database expects under ``USE_TZ``."""
+    if ms is None:
+        return None
+    dt = ms_to_dt(ms)
+    # With USE_TZ=False, Django stores naive local time and refuses aware values.
+    return dt if django_settings.USE_TZ else dj_timezone.make_naive(dt)
+
+
+def from_db_datetime(dt: datetime | None) -> datetime | None:
+    """A model datetime as an aware datetime (naive ones are in the current time zone)."""
+    if dt is None:
+        return None
+    return dj_timezone.make_aware(dt) if dj_timezone.is_naive(dt) else dt
+
+
+class JobKind(models.TextChoices):
+    """How a job is timed; derived from the definition on save."""
+
+    INTERVAL = "interval", "Interval"
+    CRON = "cron", "Cron"
+    ONCE = "once", "Once"
+
+
+class ZSchedJob(models.Model):
+    """One recurring (or one-off) job: the durable definition, plus a runtime mirror.
+
+    Saving or deleting a row reaches Redis after the transaction commits.
+    Queryset ``update()``, ``bulk_create()`` and raw SQL send no signals: run
+    :func:`celery_zsched.contrib.django.sync.reconcile` (``manage.py zsched_sync``,
+    or the periodic task) to bring Redis in line after those.
+    """
+
+    job_id = models.CharField(
+        "job id", max_length=200, unique=True, blank=True,
+        help_text="Left blank: the first 12 hex digits of SHA-1 of the URL.")
+    name = models.CharField(max_length=200, blank=True)
+    task = models.CharField(
+        max_length=200, blank=True,
+        help_text="Celery task name. Left blank for URL jobs: CELERY_ZSCHED_DEFAULT_TASK.")
+    url = models.URLField("URL", max_length=2000, blank=True)
+    meta = models.JSONField(default=dict, blank=True,
+                            help_text="JSON object passed to URL tasks as meta=.")
+    args = models.JSONField(default=list, blank=True, help_text="JSON list of positional args.")
+    kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword args.")
+
+    kind = models.CharField(max_length=8, choices=JobKind.choices, default=JobKind.INTERVAL,
+                            editable=False, db_index=True)
+    interval_s = models.FloatField(
+        "interval (s)", null=True, blank=True,
+        help_text="Seconds between runs. Give one of interval, cron or run at; none: "
+                  "CELERY_ZSCHED_DEFAULT_INTERVAL_S.")
+    cron = models.CharField(max_length=120, blank=True,
+                            help_text="5-field cron expression, e.g. */15 * * * *")
+    timezone = models.CharField(
+        "time zone", max_length=64, blank=True,
+        help_text="IANA zone of the cron expression and of naive times. Blank: TIME_ZONE.")
+    run_at = models.DateTimeField("run at", null=True, blank=True,
+                                  help_text="Run once at this time.")
+    start_at = models.DateTimeField("start at", null=True, blank=True)
+    end_at = models.DateTimeField("end at", null=True, blank=True)
+    jitter_s = models.FloatField("jitter (s)", null=True, blank=True)
+    queue = models.CharField(max_length=200, blank=True)
+    routing_key = models.CharField(max_length=200, blank=True)
+    priority = models.PositiveSmallIntegerField(null=True, blank=True)
+    expires_s = models.FloatField("expires (s)", null=True, blank=True)
+    enabled = models.BooleanField(default=True, db_index=True)
+    max_runs = models.PositiveIntegerField(null=True, blank=True)
+    misfire_grace_s = models.FloatField("misfire grace (s)", null=True, blank=True)
+    retry_max = models.PositiveIntegerField(null=True, blank=True)
+    retry_base_s = models.FloatField("retry base (s)", null=True, blank=True)
+
+    # Runtime mirror of Redis (written in bulk by drain and reconcile).
+    last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_status = models.CharField(max_length=20, blank=True, editable=False, db_index=True)
+    last_error = models.TextField(blank=True, editable=False)
+    run_count = models.PositiveBigIntegerField(default=0, editable=False)
+    failure_count = models.PositiveBigIntegerField(default=0, editable=False)
+    consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects: ClassVar[models.Manager[ZSchedJob]] = models.Manager()
+    # The job id this instance was loaded with: a rename must delete the old one
+    # from Redis. ``None`` for instances not loaded from the database.
+    _zsched_loaded_id: str | None = None
+    # Fields to exclude from full_clean(): clean() files errors about them as
+    # non-field errors, because a ModelForm cannot show an error on a field it lacks.
+    _zsched_clean_exclude: Collection[str] = ()
+
+    class Meta:
+        db_table = "zsched_job"
+        verbose_name = "scheduled job"
+        verbose_name_plural = "scheduled jobs"
+
+    def __str__(self) -> str:
+        label = self.name or self.url or self.task
+        return f"{self.job_id} ({label})" if label and label != self.job_id else self.job_id
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Collection[str],
+                values: Collection[Any]) -> ZSchedJob:
+        instance = super().from_db(db, field_names, values)
+        instance._zsched_loaded_id = instance.__dict__.get("job_id")
+        return instance
+
+    # ------------------------------------------------------------- core job
+    def definition(self) -> dict[str, Any]:
+        """This row as a core definition mapping (blank fields left to the defaults)."""
+        data: dict[str, Any] = {}
+        for name in DEFINITION_FIELDS:
+            value = getattr(self, name)
+            if name in _TIME_FIELDS:
+                value = from_db_datetime(value)
+            data["id" if name == "job_id" else name] = value
+        return data
+
+    def to_job(self, defaults: Defaults | None = None) -> Job:
+        """The core :class:`~celery_zsched.job.Job`, validated by ``Job.from_dict``.
+
+        Raises :class:`celery_zsched.errors.ValidationError` naming the core field.
+        ``defaults`` come from the Django settings when not given.
+        """
+        if defaults is None:
+            from .conf import get_defaults
+
+            defaults = get_defaults()
+        return Job.from_dict(self.definition(), defaults)
+
+    @classmethod
+    def from_job(cls, job: Job) -> ZSchedJob:
+        """An unsaved row holding ``job``'s definition (``bulk_create`` ready)."""
+        row = cls(kind=job.kind)
+        row.set_definition(job)
+        return row
+
+    def set_definition(self, job: Job) -> None:
+        """Overwrite every definition field with ``job``'s (runtime mirror untouched)."""
+        for name in DEFINITION_FIELDS:
+            value = getattr(job, "id" if name == "job_id" else name)
+            if name in _TIME_FIELDS:
+                value = to_db_datetime(value)
+            elif value is None and isinstance(self._meta.get_field(name),
+                                              models.CharField | models.TextField):
+                value = ""
+            setattr(self, name, value)
+        self.kind = job.kind
+
+    # ------------------------------------------------------------ validation
+    def full_clean(self, exclude: Collection[str] | None = None, validate_unique: bool = True,
+                   validate_constraints: bool = True) -> None:
+        self._zsched_clean_exclude = set(exclude or ())
+        try:
+            super().full_clean(exclude, validate_unique, validate_constraints)
+        finally:
+            self._zsched_clean_exclude = ()
+
+    def clean(self) -> None:
+        """Validate with the core rules; errors land on the model field they concern."""
+        try:
+            job = self.to_job()
+        except ValidationError as exc:
+            field = model_field_for(exc.field)
+            message = exc.message
+            if field in self._zsched_clean_exclude:
+                field, message = NON_FIELD_ERRORS, f"{exc.field}: {exc.message}"
+            raise DjangoValidationError({field: message}) from exc
+        # Fill the derived id now, so validate_unique() (run after clean())
+        # reports a second row for the same URL as a duplicate.
+        if not self.job_id:
+            self.job_id = job.id
+        self.kind = job.kind
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, deriving ``job_id`` (from the URL) and ``kind``; Redis follows on commit."""
+        derived = []
+        if not self.job_id and self.url:
+            self.job_id = job_id_for_url(self.url.strip())
+            derived.append("job_id")
+        kind = self.derive_kind()
+        if kind != self.kind:
+            self.kind = kind
+            derived.append("kind")
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and derived:
+            kwargs["update_fields"] = {*update_fields, *derived}
+        super().save(*args, **kwargs)
+
+    def derive_kind(self) -> str:
+        """``cron``, ``once`` or ``interval``, as :attr:`Job.kind` would say."""
+        if self.cron and self.cron.strip():
+            return JobKind.CRON
+        return JobKind.ONCE if self.run_at is not None else JobKind.INTERVAL
+
+    # -------------------------------------------------------- runtime mirror
+    def apply_state(self, state: Mapping[str, Any]) -> bool:
+        """Copy a Redis runtime state into the mirror fields; True when any changed."""
+        return self.apply_values(mirror_values(state))
+
+    def apply_values(self, values: Mapping[str, Any]) -> bool:
+        """Set the given mirror fields; True when any changed."""
+        changed = False
+        for name, value in values.items():
+            if getattr(self, name) != value:
+                setattr(self, name, value)
+                changed = True
+        return changed
+
+
+def mirror_values(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Mirror field values of one Redis runtime state (the compact cjson of the Lua scripts)."""
+    last = state.get("l")
+    return {
+        "last_run_at": to_db_datetime(int(last)) if last else None,
+        "last_status": str(state.get("ls") or ""),
+        "last_error": str(state.get("e") or ""),
+        "run_count": int(state.get("r") or 0),
+        "failure_count": int(state.get("f") or 0),
+        "consecutive_failures": int(state.get("c") or 0),
+    }
+
+
+class RunStatus(models.TextChoices):
+    """The settle labels of :mod:`celery_zsched.store`."""
+
+    COMPLETE = "complete", "Complete"
+    RETRYING = "retrying", "Error, retrying"
+    ERROR = "error", "Error"
+    SKIPPED = "skipped", "Skipped (misfire)"
+
+
+class ZSchedRun(models.Model):
+    """One settle of one job: run history, copied from the Redis event stream in bulk.
+
+    ``job_id`` always holds the job's id string. ``job`` is a foreign key on
+    that id *without* a database constraint, because settles also come from
+    jobs that have no row: static ``beat_schedule`` entries, jobs added with
+    the CLI, and jobs deleted after their run. The drain can then insert rows
+    without looking up primary keys, and deleting a job (through the ORM)
+    still cascades to its history. ``null=True`` makes ``select_related``
+    use an outer join, so rows of jobs without a row are kept (``run.job``
+    is then ``None``); the column itself is never null.
+    """
+
+    job = models.ForeignKey(
+        ZSchedJob, to_field="job_id", db_column="job_id", db_constraint=False,
+        on_delete=models.CASCADE, related_name="runs", null=True, blank=True,
+        # The (job, -finished_at) index below serves lookups by job too.
+        db_index=False)
+    occurrence = models.BigIntegerField(help_text="Due time (epoch ms) naming the occurrence.")
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=20, choices=RunStatus.choices)
+    error = models.TextField(blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    due_at = models.DateTimeField(null=True, blank=True)
+    promoted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(
+        help_text="When the outcome was settled, on the Redis clock.")
+    wait_ms = models.BigIntegerField(null=True, blank=True,
+                                     help_text="Promote to task start.")
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+    lateness_ms = models.BigIntegerField(null=True, blank=True,
+                                         help_text="Due to promote (beat's lateness).")
+    stream_id = models.CharField(max_length=40, unique=True,
+                                 help_text="Redis stream entry id: makes the drain idempotent.")
+
+    objects: ClassVar[models.Manager[ZSchedRun]] = models.Manager()
+
+    class Meta:
+        db_table = "zsched_run"
+        verbose_name = "job run"
+        verbose_name_plural = "job runs"
+        indexes = [
+            models.Index(fields=["job", "-finished_at"], name="zsched_run_job_finished"),
+            # Pruning and "recent runs" statistics filter on the time alone.
+            models.Index(fields=["finished_at"], name="zsched_run_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} #{self.occurrence}.{self.attempt} {self.status}"

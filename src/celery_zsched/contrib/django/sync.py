@@ -1,0 +1,344 @@
+"""Keep Redis in line with the database: per-row pushes after commit, and bulk reconcile.
+
+The database row is the durable definition. :func:`push` and :func:`remove`
+run after a commit (see :mod:`.signals`). :func:`reconcile` repairs whatever
+they could not see: queryset ``update()``, ``bulk_create()``, raw SQL, a Redis
+that was down at commit, or a Redis that lost everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from django.db import transaction
+from django.db.models import QuerySet
+
+from celery_zsched.errors import JobNotFound, ValidationError, ZSchedError
+from celery_zsched.job import Defaults, Job
+from celery_zsched.store import JobInfo, Store
+
+from .conf import get_defaults, get_store
+from .models import MIRROR_FIELDS, ZSchedJob
+
+logger = logging.getLogger("celery_zsched.django")
+
+#: Rows per database query and per Redis round trip in bulk operations.
+CHUNK = 2000
+#: Most values in one SQL ``IN (...)``: below SQLite's historic limit of 999.
+IN_CHUNK = 900
+#: Ids kept per category in a report, to show what a dry run would do.
+SAMPLES = 20
+
+
+# ------------------------------------------------------------------ helpers
+def chunked_rows(queryset: QuerySet[ZSchedJob], size: int = CHUNK
+                 ) -> Iterator[list[ZSchedJob]]:
+    """Rows of ``queryset`` in primary-key order, ``size`` at a time, in constant memory.
+
+    Keyset pagination (``pk > last``) rather than one long ``iterator()``
+    cursor: each chunk is its own short query, so writing between chunks is
+    safe on every backend (SQLite's open cursors and PostgreSQL's server-side
+    cursors both dislike that) and no transaction is held open for the scan.
+    """
+    last = None
+    while True:
+        page = queryset.order_by("pk")
+        if last is not None:
+            page = page.filter(pk__gt=last)
+        rows = list(page[:size])
+        if not rows:
+            return
+        yield rows
+        last = rows[-1].pk
+
+
+def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Lists of at most ``size`` consecutive items."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def existing_ids(ids: Iterable[str]) -> set[str]:
+    """Which of ``ids`` have a :class:`ZSchedJob` row (one query per 900 ids)."""
+    found: set[str] = set()
+    for part in batched(ids, IN_CHUNK):
+        found.update(ZSchedJob.objects.filter(job_id__in=part)
+                     .values_list("job_id", flat=True))
+    return found
+
+
+def valid_jobs(rows: Iterable[ZSchedJob], defaults: Defaults,
+               invalid: list[str] | None = None) -> Iterator[tuple[ZSchedJob, Job]]:
+    """``(row, job)`` for each row that validates; others are noted in ``invalid``."""
+    for row in rows:
+        try:
+            yield row, row.to_job(defaults)
+        except ValidationError as exc:
+            if invalid is not None:
+                invalid.append(f"{row.job_id or row.pk}: {exc}")
+
+
+# --------------------------------------------------------- after-commit pushes
+def push(job: Job | None, *, replaces: str | None = None) -> bool:
+    """Store ``job`` in Redis (disabled jobs are stored paused); False if Redis failed.
+
+    ``replaces`` is a previous id of the same row, deleted first. Failures are
+    logged, never raised: the row is saved, and :func:`reconcile` repairs Redis.
+    """
+    try:
+        store = get_store()
+        if replaces:
+            _delete(store, [replaces])
+        if job is not None:
+            store.upsert(job)
+    except (ZSchedError, redis.RedisError) as exc:
+        logger.warning("zsched: Redis not updated for job %s (%s); zsched_sync will reconcile it",
+                       job.id if job else replaces, exc)
+        return False
+    return True
+
+
+def remove(job_ids: Sequence[str]) -> bool:
+    """Delete jobs from Redis; False (logged, not raised) if Redis failed."""
+    try:
+        _delete(get_store(), job_ids)
+    except (ZSchedError, redis.RedisError) as exc:
+        logger.warning("zsched: Redis not updated for deleted job(s) %s (%s); "
+                       "zsched_sync will reconcile", ", ".join(job_ids[:5]), exc)
+        return False
+    return True
+
+
+def _delete(store: Store, job_ids: Sequence[str]) -> int:
+    try:
+        return store.delete(*job_ids)
+    except JobNotFound:  # one id that Redis never had: already as wanted
+        return 0
+
+
+def push_queryset(queryset: QuerySet[ZSchedJob], *, stagger: bool = True,
+                  progress: Callable[[int], None] | None = None) -> int:
+    """Upsert the definitions of ``queryset``'s rows, streamed, staggered; returns the count.
+
+    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Invalid rows are skipped (and logged).
+    """
+    defaults, invalid = get_defaults(), []
+    jobs = (job for rows in chunked_rows(queryset) for _row, job in valid_jobs(
+        rows, defaults, invalid))
+    return _upsert(jobs, queryset.count(), invalid, stagger, progress)
+
+
+def push_pks(pks: Sequence[int], *, stagger: bool = True,
+             progress: Callable[[int], None] | None = None) -> int:
+    """Like :func:`push_queryset`, for rows named by primary key (read 900 at a time)."""
+    defaults, invalid = get_defaults(), []
+    jobs = (job for part in batched(pks, IN_CHUNK) for _row, job in valid_jobs(
+        ZSchedJob.objects.filter(pk__in=part).order_by("pk"), defaults, invalid))
+    return _upsert(jobs, len(pks), invalid, stagger, progress)
+
+
+def _upsert(jobs: Iterator[Job], total: int, invalid: list[str], stagger: bool,
+            progress: Callable[[int], None] | None) -> int:
+    report = get_store().upsert_many(jobs, stagger=stagger, total=total, progress=progress)
+    for line in invalid[:SAMPLES]:
+        logger.error("zsched: invalid job not sent to Redis: %s", line)
+    return report.created + report.updated
+
+
+# -------------------------------------------------- helpers for admin actions
+def set_enabled(queryset: QuerySet[ZSchedJob], enabled: bool) -> int:
+    """Enable (resume) or disable (pause) jobs durably: in the database, then Redis on commit.
+
+    Pausing through the definition rather than ``Store.pause`` alone means the
+    pause survives a reconcile and a Redis rebuild. Resumed jobs are staggered.
+    """
+    pks = list(queryset.values_list("pk", flat=True))
+    changed = 0
+    for part in batched(pks, IN_CHUNK):
+        changed += ZSchedJob.objects.filter(pk__in=part).exclude(enabled=enabled).update(
+            enabled=enabled)
+
+    def after_commit() -> None:
+        try:
+            push_pks(pks)
+        except (ZSchedError, redis.RedisError) as exc:
+            logger.warning("zsched: Redis not updated (%s); zsched_sync will reconcile", exc)
+
+    transaction.on_commit(after_commit)
+    return changed
+
+
+def run_now(job_ids: Sequence[str]) -> int:
+    """Make jobs due now (in-flight ones are left alone); raises ``StoreUnavailable``."""
+    return get_store().run_now(*job_ids) if job_ids else 0
+
+
+def reset_failures(job_ids: Sequence[str]) -> int:
+    """Zero failure counters and revive dead-lettered jobs; raises ``StoreUnavailable``."""
+    return get_store().reset_failures(*job_ids) if job_ids else 0
+
+
+def live_info(job_ids: Sequence[str]) -> dict[str, JobInfo]:
+    """Live Redis state (next run, status, lease) of jobs, in one round trip per 2000."""
+    store = get_store()
+    out: dict[str, JobInfo] = {}
+    for part in batched(job_ids, CHUNK):
+        for job_id, info in zip(part, store.get_many(part), strict=True):
+            if info is not None:
+                out[job_id] = info
+    return out
+
+
+# ------------------------------------------------------------------ reconcile
+@dataclass
+class ReconcileReport:
+    """What :func:`reconcile` did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool = False
+    #: Rows in the database, and definitions found in Redis.
+    db_jobs: int = 0
+    redis_jobs: int = 0
+    #: Rows missing from Redis: upserted, first runs staggered.
+    missing: int = 0
+    #: Rows whose Redis definition differed: updated (schedule kept unless timing changed).
+    changed: int = 0
+    unchanged: int = 0
+    #: Dynamic Redis jobs with no row: deleted. Static ``beat_schedule`` jobs are kept.
+    deleted: int = 0
+    static_kept: int = 0
+    #: Rows whose runtime mirror was refreshed from Redis.
+    mirrored: int = 0
+    #: Rows that fail validation (left alone in Redis), as "id: error".
+    invalid: list[str] = field(default_factory=list)
+    #: A few ids per category (missing, changed, deleted), for a dry run's output.
+    samples: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def note(self, category: str, job_id: str) -> None:
+        """Keep ``job_id`` as an example of ``category``."""
+        ids = self.samples.setdefault(category, [])
+        if len(ids) < SAMPLES:
+            ids.append(job_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (a Celery task's result)."""
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one fact per line."""
+        verb = "would " if self.dry_run else ""
+        out = [
+            f"database jobs: {self.db_jobs}, Redis definitions: {self.redis_jobs}",
+            f"{verb}add to Redis (staggered): {self.missing}",
+            f"{verb}update in Redis: {self.changed}",
+            f"unchanged: {self.unchanged}",
+            f"{verb}delete from Redis (no row): {self.deleted}",
+            f"static beat_schedule jobs kept: {self.static_kept}",
+            f"{verb}refresh runtime mirror of: {self.mirrored}",
+            f"invalid rows (left alone): {len(self.invalid)}",
+        ]
+        for category, ids in self.samples.items():
+            out.append(f"  {category}: {', '.join(ids)}")
+        out += [f"  invalid {line}" for line in self.invalid[:SAMPLES]]
+        out.append(f"took {self.seconds:.2f}s")
+        return out
+
+
+def reconcile(*, dry_run: bool = False, prune: bool = True, chunk_size: int = CHUNK,
+              progress: Callable[[str, int], None] | None = None) -> ReconcileReport:
+    """Make Redis match the database, and the runtime mirror match Redis.
+
+    1. Rows are compared with Redis ``chunk_size`` at a time (one query and
+       one pipelined Redis round trip per chunk, never one per job). The
+       runtime mirror of each row is refreshed from its Redis state
+       (``bulk_update``).
+    2. Rows missing from Redis, or whose definition differs, are upserted in
+       one staggered :meth:`Store.upsert_many` over all of them: after Redis
+       lost its data, first runs spread evenly over each interval instead of
+       all firing now. Existing schedules are kept unless the timing changed.
+    3. With ``prune``, dynamic Redis jobs that have no row are deleted. Jobs
+       from the static ``beat_schedule`` setting are never deleted.
+
+    This is how changes that send no signals reach Redis: queryset
+    ``update()``, ``bulk_create()``, raw SQL. With ``dry_run`` nothing is
+    written, to Redis or the database; the report tells what would change.
+    Memory holds one chunk plus the primary keys of the rows to push.
+    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    """
+    started = time.perf_counter()
+    report = ReconcileReport(dry_run=dry_run)
+    store, defaults = get_store(), get_defaults()
+    to_push: list[int] = []
+    for rows in chunked_rows(ZSchedJob.objects.all(), chunk_size):
+        _compare_chunk(store, rows, defaults, report, to_push)
+        if progress:
+            progress("compare", report.db_jobs)
+    if to_push and not dry_run:
+        push_pks(to_push, progress=(lambda n: progress("push", n)) if progress else None)
+    _prune_unknown(store, report, prune=prune, chunk_size=chunk_size)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _compare_chunk(store: Store, rows: list[ZSchedJob], defaults: Defaults,
+                   report: ReconcileReport, to_push: list[int]) -> None:
+    report.db_jobs += len(rows)
+    pairs = list(valid_jobs(rows, defaults, report.invalid))
+    infos = store.get_many([job.id for _row, job in pairs])
+    mirrored: list[ZSchedJob] = []
+    for (row, job), info in zip(pairs, infos, strict=True):
+        if info is None:
+            report.missing += 1
+            report.note("missing", job.id)
+            to_push.append(row.pk)
+            continue
+        if info.job.to_json() != job.to_json():
+            report.changed += 1
+            report.note("changed", job.id)
+            to_push.append(row.pk)
+        else:
+            report.unchanged += 1
+        if row.apply_state(info.state):
+            mirrored.append(row)
+    report.mirrored += len(mirrored)
+    if mirrored and not report.dry_run:
+        # Only the mirror columns: a concurrent edit of the definition is kept,
+        # and bulk_update sends no signal, so this never loops back to Redis.
+        ZSchedJob.objects.bulk_update(mirrored, MIRROR_FIELDS, batch_size=500)
+
+
+def _prune_unknown(store: Store, report: ReconcileReport, *, prune: bool,
+                   chunk_size: int) -> None:
+    static = store.static_ids()
+    doomed: list[str] = []
+    # HSCAN: constant memory on the Redis side; the DB is asked per chunk, at
+    # scan time, so a row committed during the scan is never taken for unknown.
+    scan = (str(job_id) for job_id, _raw in store.client.hscan_iter(
+        store.keys.defs, count=chunk_size))
+    for part in batched(scan, chunk_size):
+        report.redis_jobs += len(part)
+        known = existing_ids(part)
+        for job_id in part:
+            if job_id in known:
+                continue
+            if job_id in static:
+                report.static_kept += 1
+            elif prune:
+                doomed.append(job_id)
+                report.note("deleted", job_id)
+    report.deleted = len(doomed)
+    if doomed and not report.dry_run:
+        for part in batched(doomed, 10 * CHUNK):
+            _delete(store, part)

@@ -1,0 +1,358 @@
+"""Bulk import and export of job definitions as JSON, JSON Lines or CSV.
+
+Shared by ``celery zsched import/export`` and the Django management commands.
+An import validates every row before anything is written: either the whole
+file goes in, or (with ``skip_invalid``) exactly the rows reported are left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gc
+import io
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import ImportValidationError, ValidationError
+from .job import Defaults, Job
+from .store import ImportReport, Store
+
+#: Largest file :func:`read_rows` accepts unless told otherwise.
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+#: The formats :func:`read_rows` and :func:`write_rows` understand.
+FORMATS = ("json", "jsonl", "csv")
+#: CSV columns, in the order :func:`write_rows` writes them.
+COLUMNS = tuple(f.name for f in fields(Job))
+
+_SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+_COLUMN_SET = frozenset(COLUMNS)
+_WS = re.compile(r"[ \t\n\r]*")
+_SNIPPET = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One definition as read from a file; ``line`` is the 1-based line where it starts."""
+
+    line: int
+    data: dict[str, Any]
+
+
+@dataclass
+class ParseResult:
+    """Valid jobs in file order, and the errors of the rows left out."""
+
+    jobs: list[Job]
+    errors: list[ValidationError]
+
+
+def detect_format(path: str | Path, fmt: str | None = None) -> str:
+    """``fmt`` if given, else the format named by the file's suffix.
+
+    Raises :class:`ValidationError` (field ``format``) for anything else.
+    """
+    if fmt is None:
+        suffix = Path(path).suffix.lower()
+        if suffix not in _SUFFIXES:
+            raise ValidationError(
+                "format", str(path),
+                f"cannot tell the format from the suffix {suffix!r}; "
+                f"give one of {', '.join(FORMATS)}")
+        return _SUFFIXES[suffix]
+    if fmt not in FORMATS:
+        raise ValidationError("format", fmt, f"must be one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def read_rows(path: str | Path, fmt: str | None = None, *,
+              max_bytes: int = DEFAULT_MAX_BYTES) -> list[Row]:
+    """Every row of a JSON array, JSON Lines or CSV file, with its line number.
+
+    Rows are not validated as jobs (see :func:`parse_rows`). A file that cannot
+    be read, is larger than ``max_bytes``, is not UTF-8, is malformed, is not an
+    array of objects, or has unknown CSV columns raises :class:`ValidationError`
+    naming the field (``file`` or the column) and the line.
+    """
+    with _gc_paused():
+        return list(iter_rows(path, fmt, max_bytes=max_bytes))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    # Building a million rows or jobs creates no garbage cycles, but it does
+    # trigger many full collections that each walk every object built so far:
+    # pausing the collector halves the time of a large import.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def iter_rows(path: str | Path, fmt: str | None = None, *,
+              max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[Row]:
+    """:func:`read_rows` one row at a time, for imports too large to hold twice.
+
+    The file is read (and size, readability and encoding checked) before this
+    returns; errors in its content are raised as iteration reaches them.
+    """
+    fmt = detect_format(path, fmt)
+    text = _read_text(Path(path), max_bytes)
+    if fmt == "json":
+        return _json_rows(text)
+    if fmt == "jsonl":
+        return _jsonl_rows(text)
+    return _csv_rows(text)
+
+
+def _read_text(path: Path, max_bytes: int) -> str:
+    try:
+        with open(path, "rb") as fp:
+            size = os.fstat(fp.fileno()).st_size
+            if size > max_bytes:
+                raise ValidationError(
+                    "file", str(path), f"is {size} bytes, over the limit of {max_bytes}")
+            # A pipe or FIFO reports size 0: the bounded read is the real guard.
+            raw = fp.read(max_bytes + 1)
+    except OSError as exc:
+        raise ValidationError("file", str(path), f"cannot be read: {exc.strerror or exc}") from exc
+    if len(raw) > max_bytes:
+        raise ValidationError("file", str(path), f"is over the limit of {max_bytes} bytes")
+    try:
+        # utf-8-sig: spreadsheet programs put a BOM in front of CSV exports.
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValidationError("file", str(path), f"is not UTF-8 (byte {exc.start})",
+                              row=line) from exc
+
+
+def _snippet(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start:end if end >= 0 else len(text)].strip()[:_SNIPPET]
+
+
+def _malformed(exc: json.JSONDecodeError, text: str, line_offset: int = 0) -> ValidationError:
+    line = exc.lineno + line_offset
+    return ValidationError(
+        "file", _snippet(text, exc.pos),
+        f"malformed JSON: {exc.msg} at line {line}, column {exc.colno}", row=line)
+
+
+def _not_an_object(value: Any, line: int) -> ValidationError:
+    return ValidationError("file", _short(value), "each row must be a JSON object", row=line)
+
+
+def _short(value: Any) -> Any:
+    text = json.dumps(value, ensure_ascii=False)
+    return value if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    match = _WS.match(text, pos)
+    return match.end() if match else pos
+
+
+def _json_rows(text: str) -> Iterator[Row]:
+    # One raw_decode per element rather than json.loads of the whole array:
+    # the C scanner stays fast, and we learn the line each object starts on.
+    decode = json.JSONDecoder().raw_decode
+    ws = _skip_ws
+    end = len(text)
+    pos = ws(text, 0)
+    if text[pos:pos + 1] != "[":
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _malformed(exc, text) from exc
+        raise ValidationError("file", _short(value), "must be a JSON array of objects",
+                              row=1 + text.count("\n", 0, pos))
+    line, counted = 1, 0
+    pos = ws(text, pos + 1)
+    if text[pos:pos + 1] == "]":
+        pos += 1
+    else:
+        while True:
+            line += text.count("\n", counted, pos)
+            counted = pos
+            try:
+                value, pos = decode(text, pos)
+            except json.JSONDecodeError as exc:
+                raise _malformed(exc, text) from exc
+            if type(value) is not dict:
+                raise _not_an_object(value, line)
+            yield Row(line, value)
+            pos = ws(text, pos)
+            sep = text[pos:pos + 1]
+            if sep == ",":
+                pos = ws(text, pos + 1)
+            elif sep == "]":
+                pos += 1
+                break
+            else:
+                what = "Expecting ',' delimiter" if sep else "Unterminated array"
+                raise _malformed(json.JSONDecodeError(what, text, pos), text)
+    pos = ws(text, pos)
+    if pos != end:
+        raise _malformed(json.JSONDecodeError("Extra data after the array", text, pos), text)
+
+
+def _jsonl_rows(text: str) -> Iterator[Row]:
+    # split("\n"), not splitlines(): JSON strings may hold a raw U+2028.
+    loads = json.loads
+    for line, raw in enumerate(text.split("\n"), 1):
+        if not raw or raw.isspace():
+            continue
+        try:
+            value = loads(raw)
+        except json.JSONDecodeError as exc:
+            raise _malformed(exc, raw, line - 1) from exc
+        if type(value) is not dict:
+            raise _not_an_object(value, line)
+        yield Row(line, value)
+
+
+def _csv_rows(text: str) -> Iterator[Row]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        columns = _csv_header(header)
+        width = len(columns)
+        done = reader.line_num
+        for record in reader:
+            # A quoted cell may span lines: a record starts after the last one ended.
+            line, done = done + 1, reader.line_num
+            if not record:
+                continue
+            if len(record) > width and any(record[width:]):
+                raise ValidationError(
+                    "file", _short(record),
+                    f"has {len(record)} cells but the header has {width} columns", row=line)
+            yield Row(line, {k: v for k, v in zip(columns, record, strict=False) if v})
+    except csv.Error as exc:
+        raise ValidationError("file", None, f"malformed CSV: {exc}",
+                              row=reader.line_num) from exc
+
+
+def _csv_header(header: list[str]) -> list[str]:
+    columns = [name.strip() for name in header]
+    seen: set[str] = set()
+    for name in columns:
+        if name not in _COLUMN_SET:
+            raise ValidationError(name, name, f"unknown column; known: {', '.join(COLUMNS)}",
+                                  row=1)
+        if name in seen:
+            raise ValidationError(name, name, "duplicate column", row=1)
+        seen.add(name)
+    return columns
+
+
+def parse_rows(rows: Iterable[Row], defaults: Defaults, *,
+               skip_invalid: bool = False) -> ParseResult:
+    """Validate every row as a job, and check that no id appears twice.
+
+    Each error names the field and the row's line. Unless ``skip_invalid``,
+    any error raises :class:`ImportValidationError` carrying all of them; with
+    it, the invalid rows (and later duplicates of an id) are left out and
+    returned in ``errors``.
+    """
+    from_dict = Job.from_dict
+    jobs: list[Job] = []
+    errors: list[ValidationError] = []
+    first_line: dict[str, int] = {}
+    with _gc_paused():
+        for row in rows:
+            try:
+                job = from_dict(row.data, defaults, row=row.line)
+            except ValidationError as exc:
+                errors.append(exc)
+                continue
+            seen = first_line.get(job.id)
+            if seen is not None:
+                errors.append(ValidationError(
+                    "id", job.id, f"duplicate id, first on row {seen}", row=row.line))
+                continue
+            first_line[job.id] = row.line
+            jobs.append(job)
+    if errors and not skip_invalid:
+        raise ImportValidationError(errors)
+    return ParseResult(jobs, errors)
+
+
+def export_row(job: Job) -> dict[str, Any]:
+    """``job`` as an import row, keys in :data:`COLUMNS` order (``id`` first)."""
+    data = job.to_dict()
+    return {k: data[k] for k in COLUMNS if k in data}
+
+
+def write_rows(jobs: Iterable[Job], fp: TextIO, fmt: str) -> int:
+    """Write ``jobs`` to ``fp`` as ``json``, ``jsonl`` or ``csv``; return how many.
+
+    Streams: memory does not grow with the number of jobs. What is written
+    re-imports (:func:`read_rows` then :func:`parse_rows`) to equal jobs, under
+    any :class:`Defaults`. JSON is an array with one object per line.
+    """
+    if fmt not in FORMATS:
+        raise ValidationError("format", fmt, f"must be one of {', '.join(FORMATS)}")
+    dumps = json.JSONEncoder(ensure_ascii=False).encode
+    count = 0
+    if fmt == "csv":
+        writer = csv.writer(fp, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for job in jobs:
+            data = job.to_dict()
+            writer.writerow([_cell(data.get(name)) for name in COLUMNS])
+            count += 1
+    elif fmt == "jsonl":
+        for job in jobs:
+            fp.write(dumps(export_row(job)) + "\n")
+            count += 1
+    else:
+        for job in jobs:
+            fp.write(("[\n  " if count == 0 else ",\n  ") + dumps(export_row(job)))
+            count += 1
+        fp.write("\n]\n" if count else "[]\n")
+    return count
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    # Numbers via JSON too: repr-exact floats, and meta/args/kwargs cells hold JSON.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def import_file(store: Store, path: str | Path, fmt: str | None = None, *,
+                skip_invalid: bool = False,
+                progress: Callable[[int], None] | None = None
+                ) -> tuple[ImportReport, list[ValidationError]]:
+    """Read, validate and store a file of jobs, first runs staggered over their intervals.
+
+    Nothing is written unless every row is valid (else
+    :class:`ImportValidationError`); with ``skip_invalid`` the valid rows are
+    stored and the errors of the others returned. Jobs get ``store.defaults``.
+    Re-importing a file updates definitions but does not move schedules.
+    ``progress`` is called with the number of jobs stored so far.
+    """
+    # Rows are consumed as they are parsed, so they are never all in memory
+    # next to the jobs built from them.
+    result = parse_rows(iter_rows(path, fmt), store.defaults,
+                        skip_invalid=skip_invalid)
+    report = store.upsert_many(result.jobs, stagger=True, total=len(result.jobs),
+                               progress=progress)
+    return report, result.errors

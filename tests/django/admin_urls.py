@@ -1,0 +1,8 @@
+"""URLs of the Django test settings: just the admin (tests of the admin and the browser test)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]

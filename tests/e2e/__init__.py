@@ -1,0 +1,1 @@
+"""End-to-end tests: real ``celery beat -S celery_zsched`` and ``celery worker`` processes."""

@@ -1,0 +1,88 @@
+"""The Celery app that the end-to-end tests run as real beat and worker processes.
+
+Everything is configured from the environment the test sets: the broker
+(``E2E_BROKER_URL``), the queue (``E2E_QUEUE``), the static ``beat_schedule``
+(``E2E_BEAT_SCHEDULE``, JSON) and every ``ZSCHED_*`` setting override (store URL,
+key prefix, lease, retry policy, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from celery import Celery, Task
+
+import celery_zsched.worker  # installs the settle hooks
+from celery_zsched.errors import JobFailed
+
+from .names import (
+    ENV_BEAT_SCHEDULE,
+    ENV_BROKER_URL,
+    ENV_HTTP_TIMEOUT_S,
+    ENV_QUEUE,
+    SCRAPE_TASK,
+    TASK_ID_PARAM,
+)
+
+app = Celery("e2e")
+app.conf.update(
+    broker_url=os.environ[ENV_BROKER_URL],
+    broker_connection_retry_on_startup=True,
+    task_default_queue=os.environ[ENV_QUEUE],
+    task_ignore_result=True,
+    # Early ack (Celery's default), so a worker killed mid-task loses the
+    # message: only the zsched lease can bring the occurrence back.
+    task_acks_late=False,
+    worker_enable_remote_control=False,
+    worker_send_task_events=False,
+    timezone="UTC",
+    beat_schedule=json.loads(os.environ.get(ENV_BEAT_SCHEDULE) or "{}"),
+    zsched_default_task=SCRAPE_TASK,
+)
+
+
+class TargetError(Exception):
+    """The scrape target answered with a server error (HTTP 5xx)."""
+
+
+def _with_task_id(url: str, task_id: str) -> str:
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query), (TASK_ID_PARAM, task_id)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+@app.task(name=SCRAPE_TASK, bind=True)
+def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -> int:
+    """Fetch ``url`` (tagged with this task's id); a 5xx raises, a 429 reports a retry.
+
+    ``meta["on_429"]`` chooses how a 429 is reported: ``"report"`` calls
+    :func:`celery_zsched.worker.report` and returns normally, ``"raise"`` raises
+    :class:`celery_zsched.errors.JobFailed`. Either way ``Retry-After`` is the delay.
+    ``meta["celery_retry_s"]`` makes the first try retry itself through Celery's
+    own ``Task.retry`` with that countdown.
+    """
+    meta = meta or {}
+    timeout = float(os.environ.get(ENV_HTTP_TIMEOUT_S, "60"))
+    tagged = _with_task_id(url, str(self.request.id))
+    try:
+        with urllib.request.urlopen(tagged, timeout=timeout) as resp:
+            resp.read()
+            status = int(resp.status)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 429:
+            retry_after = float(exc.headers.get("Retry-After") or 0) or None
+            if meta.get("on_429") == "raise":
+                raise JobFailed(f"HTTP 429 from {url}", retry_after=retry_after) from None
+            celery_zsched.worker.report("error", error="HTTP 429", retry_after=retry_after)
+            return exc.code
+        if exc.code >= 500:
+            raise TargetError(f"HTTP {exc.code} from {url}") from None
+        return exc.code
+    if meta.get("celery_retry_s") and not self.request.retries:
+        raise self.retry(countdown=float(meta["celery_retry_s"]))
+    return status

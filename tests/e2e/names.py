@@ -1,0 +1,21 @@
+"""Names shared by the e2e Celery app (imported in subprocesses) and the tests.
+
+The tests never import :mod:`tests.e2e.e2e_app` themselves: importing it builds a
+Celery app from the environment and installs the worker's settle hooks, which
+belongs in the worker processes only.
+"""
+
+from __future__ import annotations
+
+#: ``-A`` argument of every beat and worker process.
+APP_MODULE = "tests.e2e.e2e_app"
+#: The scrape task, and the app's ``zsched_default_task``.
+SCRAPE_TASK = "e2e.scrape"
+#: Environment variables read by the e2e app (besides celery-zsched's ``ZSCHED_*``).
+ENV_BROKER_URL = "E2E_BROKER_URL"
+ENV_QUEUE = "E2E_QUEUE"
+ENV_HTTP_TIMEOUT_S = "E2E_HTTP_TIMEOUT_S"
+#: JSON of the app's static ``beat_schedule`` (schedules in seconds).
+ENV_BEAT_SCHEDULE = "E2E_BEAT_SCHEDULE"
+#: Query parameter through which the scrape task tells the target its Celery task id.
+TASK_ID_PARAM = "tid"

@@ -1,0 +1,78 @@
+"""A worker killed mid-task: the lease runs out and the same occurrence comes back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from celery_zsched.store import task_id_for
+
+from .conftest import Deployment, TargetServer, log_events
+
+pytestmark = pytest.mark.slow
+
+
+def test_worker_sigkilled_mid_task_is_redelivered_after_the_lease_with_the_same_task_id(
+        deploy: Callable[..., Deployment], target: TargetServer) -> None:
+    d = deploy(lease_s=3)
+    path = "/slow/kill"
+    # /slow sleeps 30 s on the first request of a task id only: the redelivery is fast.
+    job = d.job(url=target.url(path + "?s=30"), interval_s=3600)
+    d.store.upsert(job)
+    beat = d.start_beat()
+    first_worker = d.start_worker("worker1")
+
+    first = d.wait_for(lambda: target.hits(path), 30, "the first delivery to reach /slow")[0]
+    leased = d.info(job.id)
+    assert leased.status == "leased", leased.state
+    occurrence, attempt = leased.state["o"], leased.state["a"]
+    assert first.task_id == task_id_for(job.id, occurrence, attempt)
+    first_worker.kill()
+
+    d.start_worker("worker2")
+    d.wait_for(lambda: len(target.hits(path)) >= 2, 30, "the redelivery to reach /slow")
+    info = d.wait_info(job.id, lambda i: i.status != "leased", 15,
+                       "the redelivered occurrence to settle")
+
+    second = target.hits(path)[1]
+    assert second.task_id == first.task_id
+    assert info.status == "scheduled", info.state
+    assert info.state["r"] == 1 and info.state["ls"] == "complete", info.state
+    assert info.state["o"] != occurrence and info.state["a"] == 1, info.state
+    settles = d.store.events()
+    assert len(settles) == 1, settles
+    fields = settles[0][1]
+    assert (fields["occ"], fields["attempt"], fields["status"]) == (
+        str(occurrence), str(attempt), "complete")
+    assert json.loads(fields["data"])["task_id"] == first.task_id
+    reaped = log_events(beat.text(), "reaped")
+    assert [(r["redelivered"], r["ids"]) for r in reaped] == [(1, [job.id])], reaped
+    assert len(target.hits(path)) == 2
+
+
+def test_a_celery_retry_extends_the_lease_and_settles_once_without_a_redelivery(
+        deploy: Callable[..., Deployment], target: TargetServer) -> None:
+    # The 3 s countdown outlasts the 1.5 s lease: only the lease extension made on
+    # task_retry (to countdown + lease) keeps beat from reaping and redelivering.
+    d = deploy(lease_s=1.5)
+    path = "/ok/celery-retry"
+    job = d.job(url=target.url(path), interval_s=3600, meta={"celery_retry_s": 3})
+    d.store.upsert(job)
+    worker = d.start_worker()
+    d.wait_for(lambda: " ready." in worker.text(), 30, "the worker to be ready")
+    beat = d.start_beat()
+
+    d.wait_for(lambda: len(target.hits(path)) >= 2, 30, "the try and its Celery retry")
+    info = d.wait_info(job.id, lambda i: i.status != "leased", 10,
+                       "the retried task to settle")
+
+    tried, retried = target.hits(path)
+    assert retried.at - tried.at >= 2.9
+    assert retried.task_id == tried.task_id
+    assert info.status == "scheduled" and info.state["r"] == 1, info.state
+    assert info.state["ls"] == "complete" and info.state["f"] == 0, info.state
+    assert [f["status"] for _id, f in d.store.events()] == ["complete"]
+    assert log_events(beat.text(), "reaped") == []
+    assert len(target.hits(path)) == 2
