@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from importlib import resources
 from typing import Any
 
@@ -622,3 +623,18 @@ def test_every_time_comes_from_redis_time(store: Store, monkeypatch: pytest.Monk
         assert res.now_ms is not None and abs(res.now_ms - redis_ms()) < 50
         assert res.next_due_ms is not None
         assert 0 <= res.now_ms + 60_000 - res.next_due_ms < 50
+
+
+def test_resume_after_end_at_finishes_instead_of_running_once_more(store: Store) -> None:
+    """Resuming a paused job whose end_at has passed leaves it finished, not due."""
+    soon = datetime.now(timezone.utc) + timedelta(milliseconds=300)
+    job = Job.from_dict({"id": "ends", "task": "t", "interval_s": 60, "end_at": soon.isoformat()})
+    store.upsert(job)
+    store.pause(job.id)
+    time.sleep(0.4)
+    store.resume(job.id)
+    info = store.get(job.id)
+    assert info.status == "finished"
+    assert info.due_ms is None
+    assert not info.paused
+    assert store.claim().jobs == []

@@ -234,7 +234,8 @@ class Store:
         """Ids of the jobs that came from ``beat_schedule``."""
         return {str(m) for m in self.client.smembers(self.keys.static)}
 
-    def _control(self, op: str, ids: Sequence[str], dues: Sequence[int] | None = None) -> int:
+    def _control(self, op: str, ids: Sequence[str],
+                 dues: Sequence[int | str] | None = None) -> int:
         args: list[Any] = [op]
         for i, job_id in enumerate(ids):
             args += [job_id, dues[i] if dues else 0]
@@ -266,10 +267,12 @@ class Store:
     def resume(self, *ids: str) -> int:
         """Resume paused (or dead-lettered) jobs at their next regular run from now."""
         now = self.now_ms()
-        dues = []
+        dues: list[int | str] = []
         for info in self.get_many(ids):
-            due = info.job.first_due_ms(now, self.settings, self.rng) if info else None
-            dues.append(now if due is None else due)
+            due = info.job.first_due_ms(now, self.settings, self.rng) if info else now
+            # "" tells the script the job is over (its end_at has passed): it is
+            # unpaused but finished, never run once more.
+            dues.append("" if due is None else due)
         return self._control("resume", ids, dues)
 
     @_unavailable

@@ -13,7 +13,8 @@
 -- KEYS[6] dead      zset  dead-lettered ids
 -- KEYS[7] static    set   ids from beat_schedule
 -- ARGV[1] operation: pause | resume | run_now | delete | reset
--- ARGV[2..] groups of 2: id, due ms (resume: the next run; others ignore it)
+-- ARGV[2..] groups of 2: id, due ms (resume: the next run, "" once the job has
+--           ended; others ignore it)
 -- Returns {changed, then the ids that were not found}
 local defs, schedule, leases, state, paused, dead, static =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -47,8 +48,12 @@ for i = 2, #ARGV, 2 do
       if not in_flight and (st.s == "paused" or st.s == "dead")
           and not redis.call("ZSCORE", schedule, id) then
         redis.call("ZREM", dead, id)
-        redis.call("ZADD", schedule, ARGV[i + 1], id)
-        st.o, st.a, st.d, st.s = tonumber(ARGV[i + 1]), 1, 0, "scheduled"
+        if ARGV[i + 1] == "" then
+          st.s = "finished"
+        else
+          redis.call("ZADD", schedule, ARGV[i + 1], id)
+          st.o, st.a, st.d, st.s = tonumber(ARGV[i + 1]), 1, 0, "scheduled"
+        end
         changed = true
       end
     elseif op == "run_now" then
