@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import redis
 
 MiB = 1024 * 1024
@@ -320,7 +320,7 @@ class BeatHarness:
         """First ticks on an empty store, and a warm producer; returns RSS before any job."""
         for _ in range(20):
             self.sched.tick()
-        producer = self.sched.producer
+        producer: Any = self.sched.producer
         with producer.batch(max_size=10):
             for i in range(10):
                 self.app.send_task("scrape", kwargs={"url": "https://w.example.com", "i": i},

@@ -3,9 +3,10 @@
     python example_project/demo.py [--port 8000] [--seconds N] [--no-install]
 
 1. Installs celery-zsched with the ``django`` extra (editable, from this
-   checkout) and ``celery[redis]`` (the example's broker) into the active virtualenv; outside a virtualenv it creates
-   ``example_project/.venv`` and installs there (never into the system Python).
-   Skipped when everything is already importable from this checkout.
+   checkout) and ``celery[redis]`` (the example's broker) into the active
+   virtualenv; outside a virtualenv it creates ``example_project/.venv`` and
+   installs there (never into the system Python). Skipped when everything is
+   already importable from this checkout.
 2. Uses ``REDIS_URL`` if set; otherwise starts a throwaway ``redis-server`` on a
    free port (``--save ""``, nothing written to disk, never your own Redis).
 3. Migrates the SQLite database (``example_project/db.sqlite3``, or
@@ -173,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C must stop the demo even when started from a shell that set SIGINT
+    # to "ignore" (a background job), which the exec'd interpreter inherits.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if not redis_url:
             server = shutil.which("redis-server")
@@ -251,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip cleanup
         procs.stop()
-        say("stopped" + (" (Ctrl-C)" if stopping else "") + f"; logs kept in {workdir}")
+        say("stopped" + (" (interrupted)" if stopping else "") + f"; logs kept in {workdir}")
 
 
 def main() -> int:

@@ -106,19 +106,24 @@ def fast_repr(obj: Any, maxlen: int, maxlevels: int) -> str:
 def _plain(obj: Any, level: int, maxlevels: int) -> bool:
     kind = type(obj)
     if kind is str:
-        return "'" not in obj and "\\" not in obj and obj.isprintable()
+        return _plain_str(obj)
     if obj is None or kind is int or kind is float or kind is bool:
         return True
+    if kind is not dict and kind is not list and kind is not tuple:
+        return False
+    if maxlevels and level >= maxlevels:
+        return False
+    level += 1
     if kind is dict:
-        if maxlevels and level >= maxlevels:
-            return False
-        return all(type(k) is str and _plain(k, 0, 0) and _plain(v, level + 1, maxlevels)
-                   for k, v in obj.items())
-    if kind is list or kind is tuple:
-        if maxlevels and level >= maxlevels:
-            return False
-        return all(_plain(v, level + 1, maxlevels) for v in obj)
-    return False
+        for key, value in obj.items():
+            if type(key) is not str or not _plain_str(key) or not _plain(value, level, maxlevels):
+                return False
+        return True
+    return all(_plain(value, level, maxlevels) for value in obj)
+
+
+def _plain_str(text: str) -> bool:
+    return "'" not in text and "\\" not in text and text.isprintable()
 
 
 class _Route:

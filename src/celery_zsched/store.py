@@ -296,30 +296,30 @@ class Store:
 
     @_unavailable
     def get_many(self, ids: Sequence[str]) -> list[JobInfo | None]:
-        """Many jobs in one round trip, ``None`` for ids that do not exist."""
+        """Many jobs in one round trip of five commands, ``None`` for ids that do not exist."""
         if not ids:
             return []
+        ids = list(ids)
+        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at five commands however
+        # many ids a page or a bulk action asks for.
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.defs, list(ids))
-        pipe.hmget(self.keys.state, list(ids))
-        for job_id in ids:
-            pipe.zscore(self.keys.schedule, job_id)
-            pipe.zscore(self.keys.leases, job_id)
-            pipe.sismember(self.keys.paused, job_id)
-        res = pipe.execute()
-        defs, states, rest = res[0], res[1], res[2:]
+        pipe.hmget(self.keys.defs, ids)
+        pipe.hmget(self.keys.state, ids)
+        pipe.zmscore(self.keys.schedule, ids)
+        pipe.zmscore(self.keys.leases, ids)
+        pipe.smismember(self.keys.paused, ids)
+        defs, states, dues, leases, paused = pipe.execute()
         out: list[JobInfo | None] = []
         for i, raw in enumerate(defs):
             if raw is None:
                 out.append(None)
                 continue
-            due, lease, paused = rest[3 * i: 3 * i + 3]
             state = json.loads(states[i]) if states[i] else {}
             out.append(JobInfo(
                 job=Job.from_json(raw), status=state.get("s", "scheduled"),
-                due_ms=int(due) if due is not None else None,
-                lease_until_ms=int(lease) if lease is not None else None,
-                paused=bool(paused), state=state))
+                due_ms=int(dues[i]) if dues[i] is not None else None,
+                lease_until_ms=int(leases[i]) if leases[i] is not None else None,
+                paused=bool(paused[i]), state=state))
         return out
 
     @_unavailable

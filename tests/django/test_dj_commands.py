@@ -1,4 +1,4 @@
-"""Management commands: import/export round trips, bad rows, --skip-invalid, --update, sync, drain, stats."""
+"""Management commands: import/export round trips, bad rows, --skip-invalid, --update, etc."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 
+from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
 from celery_zsched.job import Job
 from celery_zsched.store import Store
@@ -58,7 +59,8 @@ def _redis_snapshot(client: redis.Redis, store: Store) -> dict[str, Any]:
 @pytest.mark.parametrize("suffix", [".json", ".csv", ".jsonl"])
 def test_export_then_import_round_trips_every_definition(
         tmp_path: Path, zstore: Store, suffix: str) -> None:
-    rows = _rows(5) + [
+    rows = [
+        *_rows(5),
         {"id": "cron-job", "task": "tasks.report", "cron": "*/15 * * * *",
          "timezone": "America/New_York", "kwargs": {"a": [1, "x"]}, "queue": "reports",
          "priority": 3, "enabled": False, "start_at": "2030-01-01T00:00:00Z"},
@@ -149,8 +151,12 @@ def test_existing_ids_are_skipped_unless_update(tmp_path: Path, zstore: Store) -
     assert ZSchedJob.objects.filter(queue="q2").count() == 1
 
     out, _err = _run("zsched_import", "--update", "--file", str(changed))
-    assert "create: 0" in out and "update: 4" in out
+    assert "create: 0" in out and "update: 3 (unchanged: 1)" in out
     assert ZSchedJob.objects.filter(queue="q2").count() == 4
+    stamp = ZSchedJob.objects.order_by("pk").values_list("updated_at", flat=True)[0]
+    out, _err = _run("zsched_import", "--update", "--file", str(changed))
+    assert "update: 0 (unchanged: 4)" in out
+    assert ZSchedJob.objects.order_by("pk").values_list("updated_at", flat=True)[0] == stamp
     assert all(info.job.queue == "q2" for info in zstore.list_jobs())
     # Same timing: the schedules did not move.
     due_after = {info.job.id: info.due_ms for info in zstore.list_jobs()}
@@ -216,3 +222,15 @@ def test_redis_down_is_a_command_error(settings: Any, tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="zsched_sync"):
         _run("zsched_import", "--file", str(_write(tmp_path / "a.json", _rows(2))))
     assert ZSchedJob.objects.count() == 2, "the rows are kept for zsched_sync"
+
+
+def test_update_writes_json_and_time_fields_exactly(tmp_path: Path, zstore: Store) -> None:
+    _run("zsched_import", "--file", str(_write(tmp_path / "a.json", _rows(2))))
+    new = _rows(2, meta={"tags": ["x", "y"], "n": 1.5}, start_at="2030-01-01T12:00:00+01:00",
+                enabled=False, kwargs={"deep": {"a": None}})
+    _run("zsched_import", "--update", "--file", str(_write(tmp_path / "b.json", new)))
+    got = {row.url: row.to_job() for row in ZSchedJob.objects.all()}
+    for data in new:
+        assert got[data["url"]] == Job.from_dict(data, conf.get_defaults())
+    infos = zstore.get_many([job.id for job in got.values()])
+    assert all(info and info.paused and info.job == got[info.job.url or ""] for info in infos)

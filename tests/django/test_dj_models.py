@@ -22,14 +22,14 @@ pytestmark = pytest.mark.django_db
 class JobForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = ZSchedJob
-        fields = ["job_id", "name", "task", "url", "interval_s", "cron", "timezone", "run_at",
-                  "start_at", "end_at", "meta", "args", "kwargs", "priority"]
+        fields = ("job_id", "name", "task", "url", "interval_s", "cron", "timezone", "run_at",
+                  "start_at", "end_at", "meta", "args", "kwargs", "priority")
 
 
 class NarrowForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = ZSchedJob
-        fields = ["url", "interval_s"]
+        fields = ("url", "interval_s")
 
 
 def _form_errors(form_cls: type[forms.ModelForm], **data: Any  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""Saves and deletes reach Redis after commit, and only then; Redis being down never fails a save."""
+"""Saves and deletes reach Redis after commit, and only then; Redis down never fails a save."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -100,7 +101,7 @@ def test_flushall_then_reconcile_rebuilds_redis_staggered_without_duplicates(
     # Spread over one interval: not all now, and no gap much wider than even spacing.
     assert dues[-1] - dues[0] >= 0.9 * interval * 1000
     assert dues[-1] <= now + interval * 1000
-    largest_gap = max(b - a for a, b in zip(dues, dues[1:], strict=False))
+    largest_gap = max(b - a for a, b in itertools.pairwise(dues))
     assert largest_gap <= 3 * interval * 1000 / n
 
     again = sync.reconcile()

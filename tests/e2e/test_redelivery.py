@@ -1,8 +1,9 @@
-"""A worker killed mid-task: the lease runs out and the same occurrence comes back."""
+"""Deliveries that go wrong: a worker killed mid-task, a Celery retry, an expired message."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -76,3 +77,28 @@ def test_a_celery_retry_extends_the_lease_and_settles_once_without_a_redelivery(
     assert [f["status"] for _id, f in d.store.events()] == ["complete"]
     assert log_events(beat.text(), "reaped") == []
     assert len(target.hits(path)) == 2
+
+
+def test_a_message_expired_before_any_worker_took_it_settles_as_an_error(
+        deploy: Callable[..., Deployment], target: TargetServer) -> None:
+    d = deploy()
+    path, control = "/ok/expires", "/ok/expires-later"
+    job = d.job(url=target.url(path), interval_s=3600, expires_s=1)
+    # Control: the same wait must not expire a message that lives for 60 s.
+    later = d.job(url=target.url(control), interval_s=3600, expires_s=60)
+    d.store.upsert_many([job, later], stagger=False)
+    beat = d.start_beat()
+    d.wait_for(lambda: sum(e["promoted"] for e in log_events(beat.text(), "poll_stats")) == 2,
+               30, "beat to publish both jobs")
+    published = time.monotonic()
+    d.wait_for(lambda: time.monotonic() - published > 1.5, 5, "the first message to expire")
+    d.start_worker()
+
+    info = d.wait_info(job.id, lambda i: i.status != "leased", 30, "the expiry to settle")
+    d.wait_info(later.id, lambda i: i.state.get("r") == 1, 30, "the control job to run")
+
+    assert target.hits(path) == [] and len(target.hits(control)) == 1
+    assert info.state["f"] == 1 and info.state["e"] == "expired", info.state
+    assert info.state["ls"] == "retrying", info.state
+    settled = [(f["status"], f["error"]) for _id, f in d.store.events() if f["id"] == job.id]
+    assert settled == [("retrying", "expired")]

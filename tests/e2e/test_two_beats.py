@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import pytest
 from celery_zsched.store import task_id_for
 
 from .conftest import Deployment, log_events
+from .names import SCRAPE_TASK
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +59,14 @@ def test_two_beats_publish_each_of_2000_due_occurrences_exactly_once(
     headers = [m["headers"] for m in messages]
     task_ids = Counter(h["id"] for h in headers)
     assert len(task_ids) == JOBS, task_ids.most_common(3)
-    assert {h["zsched_job_id"] for h in headers} == {job.id for job in jobs}
-    for h in headers:
+    urls = {job.id: job.url for job in jobs}
+    assert {h["zsched_job_id"] for h in headers} == set(urls)
+    for message in messages:
+        h = message["headers"]
         assert h["id"] == task_id_for(h["zsched_job_id"], h["zsched_occurrence"],
                                       h["zsched_attempt"])
         assert h["zsched_attempt"] == 1 and h["zsched_due_ms"] == int(due_s * 1000)
+        args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        assert (h["task"], args, kwargs["url"]) == (SCRAPE_TASK, [], urls[h["zsched_job_id"]])
     per_beat = [promoted(b.text()) for b in beats]
     assert sum(per_beat) == JOBS and min(per_beat) > 0, per_beat

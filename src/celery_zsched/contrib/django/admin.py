@@ -2,9 +2,10 @@
 
 Reads are cheap at any fleet size: the changelist fetches the live Redis state
 of the rows on its page with one :meth:`Store.get_many` call (one round trip),
-and the change page fetches its one job the same way. The actions (pause,
-resume, run now, reset failures) are one :class:`Store` pipeline over every
-selected id plus one SQL ``UPDATE``, so "select all 100,000" stays fast.
+and the change page fetches its one job the same way. Each action (pause,
+resume, run now, reset failures) is one :class:`Store` call over every selected
+id (pipelined and chunked inside; resume reads the definitions first) plus at
+most one SQL ``UPDATE``, so "select all 100,000" stays fast.
 """
 
 from __future__ import annotations
@@ -311,6 +312,10 @@ class RecentRunsInline(admin.TabularInline):  # type: ignore[type-arg, misc, unu
         return str(Truncator(run.error).chars(120))
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _ms(value: int | None) -> str:
     if value is None:
         return "-"
@@ -504,7 +509,7 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
             parts.append(f"attempt {st['a']}")
         if st.get("d"):
             parts.append(f"{st['d']} deliveries")
-        parts.append(f"{st.get('r', 0)} runs, {st.get('f', 0)} failures, "
+        parts.append(f"{_count(st.get('r', 0), 'run')}, {_count(st.get('f', 0), 'failure')}, "
                      f"{st.get('c', 0)} in a row")
         return " · ".join(str(p) for p in parts)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.utils import timezone as dj_timezone
 
 from celery_zsched.errors import ValidationError
@@ -41,9 +41,11 @@ class ImportSummary:
     valid: int = 0
     #: Rows left out with ``skip_invalid``: each error names its field and line.
     invalid: list[ValidationError] = field(default_factory=list)
-    #: New rows created; existing rows updated (``update``) or skipped (without it).
+    #: New rows created; existing rows updated or already equal (``update``), or
+    #: skipped (without it).
     created: int = 0
     updated: int = 0
+    unchanged: int = 0
     skipped_existing: int = 0
     skipped_ids: list[str] = field(default_factory=list)
     #: What the Redis upsert did (``None`` for a dry run or when nothing was written).
@@ -57,7 +59,7 @@ class ImportSummary:
         out = [
             f"rows: {self.rows}, valid: {self.valid}, invalid (skipped): {len(self.invalid)}",
             f"{verb}create: {self.created}",
-            f"{verb}update: {self.updated}",
+            f"{verb}update: {self.updated} (unchanged: {self.unchanged})",
             f"existing ids skipped (use --update to update them): {self.skipped_existing}"
             if self.skipped_existing else "existing ids skipped: 0",
         ]
@@ -108,23 +110,28 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
     fresh = [job for job in result.jobs if job.id not in known]
     existing = [job for job in result.jobs if job.id in known]
     summary.created = len(fresh)
-    if update:
-        summary.updated = len(existing)
-    else:
+    if not update:
         summary.skipped_existing = len(existing)
         summary.skipped_ids = [job.id for job in existing[:SAMPLES]]
     summary.timings["validate"] = _lap(clock)
     if dry_run:
+        if update and existing:
+            summary.updated = _update(existing, progress, dry_run=True)
+            summary.unchanged = len(existing) - summary.updated
+        progress.finish()
         return summary
 
     clock = time.perf_counter()
     with transaction.atomic():
         _create(fresh, progress)
         if update and existing:
-            _update(existing, progress)
+            summary.updated = _update(existing, progress)
+            summary.unchanged = len(existing) - summary.updated
     progress.finish()
     summary.timings["db"] = _lap(clock)
 
+    # With update, unchanged jobs are upserted too (a no-op for Redis when
+    # they are there, a repair when they are not).
     written = fresh + existing if update else fresh
     if written:
         clock = time.perf_counter()
@@ -148,18 +155,47 @@ def _create(jobs: list[Job], progress: Progress) -> None:
         progress.advance(len(part))
 
 
-def _update(jobs: list[Job], progress: Progress) -> None:
+def _update(jobs: list[Job], progress: Progress, *, dry_run: bool = False) -> int:
+    """Overwrite the definitions of existing rows; returns how many actually changed.
+
+    Rows whose definition is already equal are not written, so re-importing a
+    file costs reads only. Changed rows are written with one parametrised
+    ``UPDATE`` per row through ``executemany``: ``bulk_update`` builds
+    ``CASE WHEN`` statements whose cost grows with the batch, and took over
+    ten minutes for 100,000 rows on SQLite, against seconds this way.
+    """
     progress.start("update", len(jobs))
     now = dj_timezone.now()
-    fields = [*DEFINITION_FIELDS, "kind", "updated_at"]
+    changed = 0
+    pending: list[ZSchedJob] = []
     for part in batched(jobs, IN_CHUNK):
         by_id = {job.id: job for job in part}
-        rows = list(ZSchedJob.objects.filter(job_id__in=list(by_id)))
-        for row in rows:
+        for row in ZSchedJob.objects.filter(job_id__in=list(by_id)):
+            before = row.definition_values()
             row.set_definition(by_id[row.job_id])
-            row.updated_at = now
-        ZSchedJob.objects.bulk_update(rows, fields, batch_size=DB_BATCH)
+            if row.definition_values() != before:
+                row.updated_at = now
+                pending.append(row)
+        changed += len(pending)
+        if not dry_run and pending:
+            _write_definitions(pending)
+        pending = []
         progress.advance(len(part))
+    return changed
+
+
+def _write_definitions(rows: list[ZSchedJob]) -> None:
+    meta = ZSchedJob._meta
+    fields = [meta.get_field(name) for name in (*DEFINITION_FIELDS, "kind", "updated_at")]
+    connection = connections[router.db_for_write(ZSchedJob)]
+    quote = connection.ops.quote_name
+    columns = ", ".join(f"{quote(f.column)} = %s" for f in fields)
+    sql = f"UPDATE {quote(meta.db_table)} SET {columns} WHERE {quote(meta.pk.column)} = %s"
+    # get_db_prep_save adapts each value exactly as the ORM would (JSON, datetimes).
+    params = [[f.get_db_prep_save(getattr(row, f.attname), connection)
+               for f in fields] + [row.pk] for row in rows]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
 
 
 def export_jobs(fp: TextIO, fmt: str, *, invalid: list[str] | None = None) -> int:

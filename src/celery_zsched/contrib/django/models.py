@@ -186,6 +186,10 @@ class ZSchedJob(models.Model):
         row.set_definition(job)
         return row
 
+    def definition_values(self) -> tuple[Any, ...]:
+        """The definition fields' current values (to tell whether an edit changed any)."""
+        return tuple(getattr(self, name) for name in DEFINITION_FIELDS)
+
     def set_definition(self, job: Job) -> None:
         """Overwrite every definition field with ``job``'s (runtime mirror untouched)."""
         for name in DEFINITION_FIELDS:
@@ -241,8 +245,8 @@ class ZSchedJob(models.Model):
     def derive_kind(self) -> str:
         """``cron``, ``once`` or ``interval``, as :attr:`Job.kind` would say."""
         if self.cron and self.cron.strip():
-            return JobKind.CRON
-        return JobKind.ONCE if self.run_at is not None else JobKind.INTERVAL
+            return "cron"
+        return "once" if self.run_at is not None else "interval"
 
     # -------------------------------------------------------- runtime mirror
     def apply_state(self, state: Mapping[str, Any]) -> bool:
@@ -323,11 +327,11 @@ class ZSchedRun(models.Model):
         db_table = "zsched_run"
         verbose_name = "job run"
         verbose_name_plural = "job runs"
-        indexes = [
+        indexes = (
             models.Index(fields=["job", "-finished_at"], name="zsched_run_job_finished"),
             # Pruning and "recent runs" statistics filter on the time alone.
             models.Index(fields=["finished_at"], name="zsched_run_finished"),
-        ]
+        )
 
     def __str__(self) -> str:
         return f"{self.job_id} #{self.occurrence}.{self.attempt} {self.status}"

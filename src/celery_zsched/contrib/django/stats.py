@@ -68,7 +68,7 @@ def collect(window_minutes: int = 60, dead_sample: int = 10) -> dict[str, Any]:
         source = "event stream"
     out["window"] = {"minutes": window_minutes, "runs": len(recent), "source": source}
     for index, name in enumerate(("lateness_ms", "wait_ms", "duration_ms")):
-        out[name] = summarize([row[index] for row in recent if row[index] is not None])
+        out[name] = summarize([int(v) for row in recent if (v := row[index]) is not None])
     dead = store.client.zrevrange(store.keys.dead, 0, dead_sample - 1)
     out["dead_letters"] = {"count": out["redis"].get("dead", 0), "recent": list(dead)}
     return out

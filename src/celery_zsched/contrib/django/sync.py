@@ -134,7 +134,8 @@ def push_queryset(queryset: QuerySet[ZSchedJob], *, stagger: bool = True,
     Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
     Invalid rows are skipped (and logged).
     """
-    defaults, invalid = get_defaults(), []
+    defaults = get_defaults()
+    invalid: list[str] = []
     jobs = (job for rows in chunked_rows(queryset) for _row, job in valid_jobs(
         rows, defaults, invalid))
     return _upsert(jobs, queryset.count(), invalid, stagger, progress)
@@ -143,7 +144,8 @@ def push_queryset(queryset: QuerySet[ZSchedJob], *, stagger: bool = True,
 def push_pks(pks: Sequence[int], *, stagger: bool = True,
              progress: Callable[[int], None] | None = None) -> int:
     """Like :func:`push_queryset`, for rows named by primary key (read 900 at a time)."""
-    defaults, invalid = get_defaults(), []
+    defaults = get_defaults()
+    invalid: list[str] = []
     jobs = (job for part in batched(pks, IN_CHUNK) for _row, job in valid_jobs(
         ZSchedJob.objects.filter(pk__in=part).order_by("pk"), defaults, invalid))
     return _upsert(jobs, len(pks), invalid, stagger, progress)

@@ -1,4 +1,4 @@
-"""``manage.py zsched_export --file jobs.csv``: every job, in a file ``zsched_import`` reads back."""
+"""``manage.py zsched_export --file jobs.csv``: every job, as ``zsched_import`` reads it back."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class Command(BaseCommand):
                             help="Format (default: from --file's suffix; jsonl on stdout).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        path, invalid = options["file"], []
+        path: str | None = options["file"]
+        invalid: list[str] = []
         try:
             fmt = detect_format(path, options["format"]) if path else options["format"] or "jsonl"
             if path:
