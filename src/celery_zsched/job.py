@@ -84,7 +84,9 @@ class Job:
         try:
             return _parse(data, defaults or Defaults())
         except ValidationError as exc:
-            raise exc.at_row(row) if row is not None else exc
+            if row is None:
+                raise
+            raise exc.at_row(row) from None
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Job:
@@ -208,38 +210,14 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
     tz_name = _timezone(values.get("timezone", defaults.timezone))
     tz = ZoneInfo(tz_name)
 
-    job_id = values.get("id")
-    if job_id is None:
-        if url is None:
-            raise ValidationError("id", None, "a job without a url needs an explicit id")
-        job_id = job_id_for_url(url)
-    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
-        raise ValidationError("id", job_id, "must be 1-200 characters of A-Z a-z 0-9 _ . : @ / -")
-
-    task = values.get("task", defaults.task if url is not None else None)
-    if not isinstance(task, str) or not task.strip():
-        raise ValidationError("task", task, "a job without a url needs a task name")
-
-    timing = [k for k in ("interval_s", "cron", "run_at") if k in values]
-    if len(timing) > 1:
-        raise ValidationError(timing[1], values[timing[1]],
-                              f"give only one of interval_s, cron, run_at (also got {timing[0]})")
-    interval = _number(values, "interval_s", minimum=0.001) if timing == ["interval_s"] else None
-    if not timing:
-        interval = defaults.interval_s
-    cron = None
-    if "cron" in values:
-        cron = values["cron"]
-        problem = _cron_problem(cron.strip()) if isinstance(cron, str) else "must be a string"
-        if problem:
-            raise ValidationError("cron", cron, problem)
-        cron = " ".join(cron.split())
+    job_id, task = _identity(values, url, defaults)
+    interval, cron = _timing(values, defaults)
     times = {name: _time(values, name, tz) for name in _TIME_FIELDS}
     if times["start_at"] and times["end_at"] and times["end_at"] <= times["start_at"]:
         raise ValidationError("end_at", values["end_at"], "must be after start_at")
 
     job = Job(
-        id=job_id, task=task.strip(), interval_s=interval, cron=cron, timezone=tz_name,
+        id=job_id, task=task, interval_s=interval, cron=cron, timezone=tz_name,
         run_at=times["run_at"], name=_text(values, "name"), url=url,
         meta=_container(values, "meta", dict), args=_container(values, "args", list),
         kwargs=_container(values, "kwargs", dict),
@@ -253,6 +231,44 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
         retry_max=_integer(values, "retry_max", 0, 1000),
         retry_base_s=_number(values, "retry_base_s", minimum=0.001),
     )
+    _check_serialisable(job)
+    return job
+
+
+def _identity(values: Mapping[str, Any], url: str | None,
+              defaults: Defaults) -> tuple[str, str]:
+    job_id = values.get("id")
+    if job_id is None:
+        if url is None:
+            raise ValidationError("id", None, "a job without a url needs an explicit id")
+        job_id = job_id_for_url(url)
+    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
+        raise ValidationError("id", job_id, "must be 1-200 characters of A-Z a-z 0-9 _ . : @ / -")
+    task = values.get("task", defaults.task if url is not None else None)
+    if not isinstance(task, str) or not task.strip():
+        raise ValidationError("task", task, "a job without a url needs a task name")
+    return job_id, task.strip()
+
+
+def _timing(values: Mapping[str, Any], defaults: Defaults) -> tuple[float | None, str | None]:
+    timing = [k for k in ("interval_s", "cron", "run_at") if k in values]
+    if len(timing) > 1:
+        raise ValidationError(timing[1], values[timing[1]],
+                              f"give only one of interval_s, cron, run_at (also got {timing[0]})")
+    if not timing:
+        return defaults.interval_s, None
+    if timing == ["interval_s"]:
+        return _number(values, "interval_s", minimum=0.001), None
+    if timing == ["run_at"]:
+        return None, None
+    cron = values["cron"]
+    problem = _cron_problem(cron.strip()) if isinstance(cron, str) else "must be a string"
+    if problem:
+        raise ValidationError("cron", cron, problem)
+    return None, " ".join(cron.split())
+
+
+def _check_serialisable(job: Job) -> None:
     # The other fields are checked primitives: only the containers can fail to
     # serialise, and encoding just them is much cheaper than job.to_json().
     for name, value in (("meta", job.meta), ("args", job.args), ("kwargs", job.kwargs)):
@@ -261,7 +277,6 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
                 _encode(value)
         except (TypeError, ValueError) as exc:
             raise ValidationError(name, value, f"must be JSON-serialisable: {exc}") from exc
-    return job
 
 
 _encode = json.JSONEncoder(separators=(",", ":")).encode

@@ -8,7 +8,6 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
@@ -122,6 +121,57 @@ class SettleResult:
     now_ms: int | None = None
 
 
+class _ScriptStream:
+    """Calls one script over one connection, sending a call before the previous reply is read.
+
+    With at most two calls in flight, Redis executes one chunk of a bulk
+    upsert while Python builds the next: the two overlap instead of taking
+    turns. Replies come back in order. Clients without a single connection
+    pool (Redis Cluster) run each call synchronously instead.
+    """
+
+    def __init__(self, client: Any, script: Script, keys: Sequence[str]) -> None:
+        self.script = script
+        self.keys = list(keys)
+        self.pool: Any = getattr(client, "connection_pool", None)
+        self.conn: Any = None
+        self.in_flight: list[int] = []  # row counts of the calls awaiting their reply
+
+    def __enter__(self) -> _ScriptStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            if self.in_flight:  # replies left unread: the connection cannot be reused
+                self.conn.disconnect()
+            self.pool.release(self.conn)
+            self.conn = None
+
+    def call(self, args: Sequence[Any], rows: int) -> list[tuple[int, Any]]:
+        """Send one call; returns the (rows, reply) of calls that had to be read first."""
+        if self.pool is None:
+            return [(rows, self.script(keys=self.keys, args=list(args)))]
+        if self.conn is None:
+            try:
+                self.conn = self.pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                self.conn = self.pool.get_connection("EVAL")
+        # EVAL, not EVALSHA: no NOSCRIPT to recover from mid-stream. A health
+        # check PING would read a pending reply, so only check an idle connection.
+        self.conn.send_command("EVAL", self.script.script, len(self.keys), *self.keys, *args,
+                               check_health=not self.in_flight)
+        self.in_flight.append(rows)
+        return self.drain(keep=1)
+
+    def drain(self, keep: int = 0) -> list[tuple[int, Any]]:
+        """Read replies until at most ``keep`` calls are in flight."""
+        out = []
+        while len(self.in_flight) > keep:
+            reply = self.conn.read_response()
+            out.append((self.in_flight.pop(0), reply))
+        return out
+
+
 class Store:
     """Job definitions and their timing state in Redis.
 
@@ -184,34 +234,21 @@ class Store:
         chunk: list[str] = ["1" if static else "0"]
         keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
                 self.keys.paused, self.keys.static)
-        # Each full chunk runs on a helper thread while this one builds the next,
-        # so Redis executing chunk k overlaps Python preparing chunk k+1. Chunks
-        # still run one at a time, in order; a small upsert never starts a thread.
-        executor: ThreadPoolExecutor | None = None
-        in_flight: Future[Any] | None = None
-        pending, done, rows_in_flight = 0, 0, 0
-        try:
+        done = 0
+        with _ScriptStream(self.client, self._scripts["upsert"], keys) as stream:
             for index, job in enumerate(jobs):
                 phase = index / total if stagger and total else 0.0
                 due = job.first_due_ms(now, self.settings, self.rng, phase)
                 chunk += [job.id, job.to_json(), "" if due is None else str(due),
                           "1" if job.enabled else "0", job.timing_signature]
-                pending += 1
-                if pending >= self.settings.import_chunk:
-                    if executor is None:
-                        executor = ThreadPoolExecutor(1, thread_name_prefix="zsched-upsert")
-                    if in_flight is not None:
-                        done = self._tally(in_flight.result(), report, done + rows_in_flight,
-                                           progress)
-                    in_flight = executor.submit(self._run, "upsert", keys, chunk)
-                    chunk, rows_in_flight, pending = chunk[:1], pending, 0
-            if in_flight is not None:
-                done = self._tally(in_flight.result(), report, done + rows_in_flight, progress)
-            if pending:
-                done = self._tally(self._run("upsert", keys, chunk), report, done + pending, None)
-        finally:
-            if executor is not None:
-                executor.shutdown(wait=True)  # after an error, let the running chunk end
+                if len(chunk) > 5 * self.settings.import_chunk:
+                    # Redis runs this chunk while the loop builds the next one.
+                    for rows, result in stream.call(chunk, (len(chunk) - 1) // 5):
+                        done = self._tally(result, report, done + rows, progress)
+                    chunk = chunk[:1]
+            replies = stream.call(chunk, (len(chunk) - 1) // 5) if len(chunk) > 1 else []
+            for rows, result in replies + stream.drain():
+                done = self._tally(result, report, done + rows, None)
         if progress:
             progress(done)
         report.seconds = time.perf_counter() - started

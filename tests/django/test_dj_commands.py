@@ -178,8 +178,9 @@ def test_zsched_sync_command_rebuilds_a_wiped_redis(tmp_path: Path, zstore: Stor
     out, _err = _run("zsched_sync", "--dry-run")
     assert "would add to Redis (staggered): 6" in out
     assert rclient.dbsize() == 0
-    out, _err = _run("zsched_sync")
+    out, err = _run("zsched_sync")
     assert "add to Redis (staggered): 6" in out
+    assert "compare" in err and "redis" in err and "6/6" in err
     assert zstore.stats()["scheduled"] == 6
 
 
@@ -217,8 +218,9 @@ def test_stats_fall_back_to_the_event_stream(zstore: Store,
 
 def test_redis_down_is_a_command_error(settings: Any, tmp_path: Path) -> None:
     settings.CELERY_ZSCHED_REDIS_URL = "redis://127.0.0.1:1/0"
-    with pytest.raises(CommandError, match="Redis unreachable"):
-        _run("zsched_sync")
+    for command in ("zsched_sync", "zsched_drain", "zsched_stats"):
+        with pytest.raises(CommandError, match="Redis unreachable"):
+            _run(command)
     with pytest.raises(CommandError, match="zsched_sync"):
         _run("zsched_import", "--file", str(_write(tmp_path / "a.json", _rows(2))))
     assert ZSchedJob.objects.count() == 2, "the rows are kept for zsched_sync"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -92,9 +95,14 @@ def test_alias_that_is_not_django_redis_is_rejected(settings: Any) -> None:
         conf.get_client()
 
 
-def test_nothing_is_read_at_import_time() -> None:
-    conf.reset()
-    assert conf._cache == {}
+def test_importing_the_app_reads_no_settings_and_connects_nowhere() -> None:
+    # A fresh interpreter with no settings at all: any read at import time
+    # would raise ImproperlyConfigured.
+    code = ("import celery_zsched.contrib.django.apps, celery_zsched.contrib.django.conf, "
+            "celery_zsched.contrib.django.tasks; from django.conf import settings; "
+            "assert not settings.configured")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 
 @pytest.mark.django_db(transaction=True)

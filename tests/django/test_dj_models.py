@@ -7,11 +7,13 @@ from datetime import datetime, timezone
 from io import StringIO
 from typing import Any
 
+import django
 import pytest
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.management import call_command
+from django.db import models
 
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
 from celery_zsched.job import Job, job_id_for_url
@@ -19,8 +21,16 @@ from celery_zsched.job import Job, job_id_for_url
 pytestmark = pytest.mark.django_db
 
 
+def _formfield(field: Any, **kwargs: Any) -> Any:
+    # Django 5.x warns about URLField's scheme default unless one is chosen.
+    if isinstance(field, models.URLField) and django.VERSION >= (5, 0):
+        kwargs.setdefault("assume_scheme", "https")
+    return field.formfield(**kwargs)
+
+
 class JobForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
+        formfield_callback = _formfield
         model = ZSchedJob
         fields = ("job_id", "name", "task", "url", "interval_s", "cron", "timezone", "run_at",
                   "start_at", "end_at", "meta", "args", "kwargs", "priority")
@@ -28,6 +38,7 @@ class JobForm(forms.ModelForm):  # type: ignore[type-arg]
 
 class NarrowForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
+        formfield_callback = _formfield
         model = ZSchedJob
         fields = ("url", "interval_s")
 

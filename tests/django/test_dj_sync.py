@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.db import transaction
 
 from celery_zsched.contrib.django import sync
 from celery_zsched.contrib.django.models import ZSchedJob
@@ -150,25 +149,3 @@ def test_invalid_rows_are_reported_and_left_alone(zstore: Store) -> None:
     report = sync.reconcile()
     assert report.invalid and report.invalid[0].startswith("bad: cron")
     assert zstore.get_many(["bad"]) == [None]
-
-
-def test_set_enabled_pauses_durably_and_resumes(
-        zstore: Store, make_row: Callable[..., ZSchedJob]) -> None:
-    ids = [make_row(n).job_id for n in range(3)]
-    with transaction.atomic():
-        assert sync.set_enabled(ZSchedJob.objects.filter(job_id__in=ids[:2]), False) == 2
-        assert not any(info and info.paused for info in zstore.get_many(ids))
-    assert [info.paused for info in zstore.get_many(ids) if info] == [True, True, False]
-    assert sync.reconcile().changed == 0, "the pause is part of the definition"
-    sync.set_enabled(ZSchedJob.objects.all(), True)
-    assert not any(info and info.paused for info in zstore.get_many(ids))
-
-
-def test_run_now_reset_failures_and_live_info(zstore: Store,
-                                              make_row: Callable[..., ZSchedJob]) -> None:
-    row = make_row(1, interval_s=3600)
-    zstore.claim()  # in flight: run_now leaves it alone
-    assert sync.run_now([row.job_id]) == 0
-    assert sync.reset_failures([row.job_id]) == 1
-    info = sync.live_info([row.job_id, "missing"])
-    assert list(info) == [row.job_id] and info[row.job_id].lease_until_ms is not None

@@ -28,7 +28,7 @@ from django.utils import timezone as dj_timezone
 
 from celery_zsched.store import Store
 
-from .conf import get_settings, get_store
+from .conf import get_settings, get_store, redis_unavailable
 from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
 from .sync import IN_CHUNK, batched
 
@@ -64,6 +64,15 @@ def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -
     """
     started = time.perf_counter()
     store = get_store()
+    with redis_unavailable():
+        report = _drain(store, max_items, batch)
+    if prune:
+        report.pruned = prune_history()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _drain(store: Store, max_items: int, batch: int) -> DrainReport:
     report = DrainReport(cursor=read_cursor(store))
     while report.read < max_items:
         events = store.events(after=report.cursor, count=min(batch, max_items - report.read))
@@ -77,9 +86,6 @@ def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -
         report.cursor = events[-1][0]
         advance_cursor(store, report.cursor)
         report.read += len(events)
-    if prune:
-        report.pruned = prune_history()
-    report.seconds = time.perf_counter() - started
     return report
 
 

@@ -150,9 +150,10 @@ class ZSchedJob(models.Model):
         return f"{self.job_id} ({label})" if label and label != self.job_id else self.job_id
 
     @classmethod
-    def from_db(cls, db: str | None, field_names: Collection[str],
-                values: Collection[Any]) -> ZSchedJob:
-        instance = super().from_db(db, field_names, values)
+    def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any],
+                *args: Any, **kwargs: Any) -> ZSchedJob:
+        # *args/**kwargs: newer Django versions pass more (e.g. fetch_mode).
+        instance = super().from_db(db, field_names, values, *args, **kwargs)
         instance._zsched_loaded_id = instance.__dict__.get("job_id")
         return instance
 
@@ -203,11 +204,11 @@ class ZSchedJob(models.Model):
         self.kind = job.kind
 
     # ------------------------------------------------------------ validation
-    def full_clean(self, exclude: Collection[str] | None = None, validate_unique: bool = True,
-                   validate_constraints: bool = True) -> None:
+    def full_clean(self, exclude: Collection[str] | None = None, *args: Any,
+                   **kwargs: Any) -> None:
         self._zsched_clean_exclude = set(exclude or ())
         try:
-            super().full_clean(exclude, validate_unique, validate_constraints)
+            super().full_clean(exclude, *args, **kwargs)
         finally:
             self._zsched_clean_exclude = ()
 

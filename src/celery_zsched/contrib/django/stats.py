@@ -11,7 +11,9 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone as dj_timezone
 
-from .conf import get_store
+from celery_zsched.store import Store
+
+from .conf import get_store, redis_unavailable
 from .models import ZSchedJob, ZSchedRun
 
 #: Most recent runs (or stream entries) the percentiles are computed from.
@@ -49,6 +51,11 @@ def collect(window_minutes: int = 60, dead_sample: int = 10) -> dict[str, Any]:
     Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
     """
     store = get_store()
+    with redis_unavailable():
+        return _collect(store, window_minutes, dead_sample)
+
+
+def _collect(store: Store, window_minutes: int, dead_sample: int) -> dict[str, Any]:
     out: dict[str, Any] = {"redis": store.stats()}
     by_kind = dict(ZSchedJob.objects.values_list("kind").annotate(n=Count("pk"))
                    .values_list("kind", "n"))

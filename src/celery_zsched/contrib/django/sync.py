@@ -8,6 +8,7 @@ that was down at commit, or a Redis that lost everything.
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -15,15 +16,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
-from django.db import transaction
 from django.db.models import QuerySet
 
 from celery_zsched.errors import JobNotFound, ValidationError, ZSchedError
 from celery_zsched.job import Defaults, Job
-from celery_zsched.store import JobInfo, Store
+from celery_zsched.store import Store
 
 from .conf import get_defaults, get_store
 from .models import MIRROR_FIELDS, ZSchedJob
+from .progress import Progress
 
 logger = logging.getLogger("celery_zsched.django")
 
@@ -127,80 +128,22 @@ def _delete(store: Store, job_ids: Sequence[str]) -> int:
         return 0
 
 
-def push_queryset(queryset: QuerySet[ZSchedJob], *, stagger: bool = True,
-                  progress: Callable[[int], None] | None = None) -> int:
-    """Upsert the definitions of ``queryset``'s rows, streamed, staggered; returns the count.
-
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
-    Invalid rows are skipped (and logged).
-    """
-    defaults = get_defaults()
-    invalid: list[str] = []
-    jobs = (job for rows in chunked_rows(queryset) for _row, job in valid_jobs(
-        rows, defaults, invalid))
-    return _upsert(jobs, queryset.count(), invalid, stagger, progress)
-
-
 def push_pks(pks: Sequence[int], *, stagger: bool = True,
              progress: Callable[[int], None] | None = None) -> int:
-    """Like :func:`push_queryset`, for rows named by primary key (read 900 at a time)."""
+    """Upsert the definitions of rows named by primary key, streamed; returns the count.
+
+    Rows are read 900 at a time; first runs of new jobs are staggered over all
+    of them. Invalid rows are skipped (and logged). Raises
+    :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    """
     defaults = get_defaults()
     invalid: list[str] = []
     jobs = (job for part in batched(pks, IN_CHUNK) for _row, job in valid_jobs(
         ZSchedJob.objects.filter(pk__in=part).order_by("pk"), defaults, invalid))
-    return _upsert(jobs, len(pks), invalid, stagger, progress)
-
-
-def _upsert(jobs: Iterator[Job], total: int, invalid: list[str], stagger: bool,
-            progress: Callable[[int], None] | None) -> int:
-    report = get_store().upsert_many(jobs, stagger=stagger, total=total, progress=progress)
+    report = get_store().upsert_many(jobs, stagger=stagger, total=len(pks), progress=progress)
     for line in invalid[:SAMPLES]:
         logger.error("zsched: invalid job not sent to Redis: %s", line)
     return report.created + report.updated
-
-
-# -------------------------------------------------- helpers for admin actions
-def set_enabled(queryset: QuerySet[ZSchedJob], enabled: bool) -> int:
-    """Enable (resume) or disable (pause) jobs durably: in the database, then Redis on commit.
-
-    Pausing through the definition rather than ``Store.pause`` alone means the
-    pause survives a reconcile and a Redis rebuild. Resumed jobs are staggered.
-    """
-    pks = list(queryset.values_list("pk", flat=True))
-    changed = 0
-    for part in batched(pks, IN_CHUNK):
-        changed += ZSchedJob.objects.filter(pk__in=part).exclude(enabled=enabled).update(
-            enabled=enabled)
-
-    def after_commit() -> None:
-        try:
-            push_pks(pks)
-        except (ZSchedError, redis.RedisError) as exc:
-            logger.warning("zsched: Redis not updated (%s); zsched_sync will reconcile", exc)
-
-    transaction.on_commit(after_commit)
-    return changed
-
-
-def run_now(job_ids: Sequence[str]) -> int:
-    """Make jobs due now (in-flight ones are left alone); raises ``StoreUnavailable``."""
-    return get_store().run_now(*job_ids) if job_ids else 0
-
-
-def reset_failures(job_ids: Sequence[str]) -> int:
-    """Zero failure counters and revive dead-lettered jobs; raises ``StoreUnavailable``."""
-    return get_store().reset_failures(*job_ids) if job_ids else 0
-
-
-def live_info(job_ids: Sequence[str]) -> dict[str, JobInfo]:
-    """Live Redis state (next run, status, lease) of jobs, in one round trip per 2000."""
-    store = get_store()
-    out: dict[str, JobInfo] = {}
-    for part in batched(job_ids, CHUNK):
-        for job_id, info in zip(part, store.get_many(part), strict=True):
-            if info is not None:
-                out[job_id] = info
-    return out
 
 
 # ------------------------------------------------------------------ reconcile
@@ -259,7 +202,7 @@ class ReconcileReport:
 
 
 def reconcile(*, dry_run: bool = False, prune: bool = True, chunk_size: int = CHUNK,
-              progress: Callable[[str, int], None] | None = None) -> ReconcileReport:
+              progress: Progress | None = None) -> ReconcileReport:
     """Make Redis match the database, and the runtime mirror match Redis.
 
     1. Rows are compared with Redis ``chunk_size`` at a time (one query and
@@ -282,13 +225,16 @@ def reconcile(*, dry_run: bool = False, prune: bool = True, chunk_size: int = CH
     started = time.perf_counter()
     report = ReconcileReport(dry_run=dry_run)
     store, defaults = get_store(), get_defaults()
+    progress = progress or Progress(io.StringIO(), enabled=False)
+    progress.start("compare", ZSchedJob.objects.count())
     to_push: list[int] = []
     for rows in chunked_rows(ZSchedJob.objects.all(), chunk_size):
         _compare_chunk(store, rows, defaults, report, to_push)
-        if progress:
-            progress("compare", report.db_jobs)
+        progress.advance(len(rows))
     if to_push and not dry_run:
-        push_pks(to_push, progress=(lambda n: progress("push", n)) if progress else None)
+        progress.start("redis", len(to_push))
+        push_pks(to_push, progress=progress.update)
+    progress.finish()
     _prune_unknown(store, report, prune=prune, chunk_size=chunk_size)
     report.seconds = time.perf_counter() - started
     return report
@@ -325,10 +271,9 @@ def _prune_unknown(store: Store, report: ReconcileReport, *, prune: bool,
                    chunk_size: int) -> None:
     static = store.static_ids()
     doomed: list[str] = []
-    # HSCAN: constant memory on the Redis side; the DB is asked per chunk, at
-    # scan time, so a row committed during the scan is never taken for unknown.
-    scan = (str(job_id) for job_id, _raw in store.client.hscan_iter(
-        store.keys.defs, count=chunk_size))
+    # HSCAN (iter_jobs): constant memory; the DB is asked per chunk, at scan
+    # time, so a row committed during the scan is never taken for unknown.
+    scan = (job.id for job in store.iter_jobs(count=chunk_size))
     for part in batched(scan, chunk_size):
         report.redis_jobs += len(part)
         known = existing_ids(part)

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_zsched.errors import ZSchedError
 
+from ...progress import Progress
 from ...sync import reconcile
 
 
@@ -22,8 +23,10 @@ class Command(BaseCommand):
                             help="Do not delete Redis jobs that have no database row.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        progress = Progress(self.stderr._out, enabled=options["verbosity"] > 0)
         try:
-            report = reconcile(dry_run=options["dry_run"], prune=not options["keep_unknown"])
+            report = reconcile(dry_run=options["dry_run"], prune=not options["keep_unknown"],
+                               progress=progress)
         except ZSchedError as exc:
             raise CommandError(str(exc)) from exc
         for line in report.lines():
