@@ -27,6 +27,7 @@ from click.testing import CliRunner, Result
 from celery_zsched.appstore import forget_app
 from celery_zsched.job import job_id_for_url
 from celery_zsched.store import Store
+from tests.helpers import store_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.cli_app"
@@ -62,20 +63,6 @@ def run(prefix: str) -> Run:
         return CliRunner().invoke(celery, ["-A", APP, "zsched", *args],
                                   catch_exceptions=False)
     return invoke
-
-
-def snapshot(store: Store) -> dict[str, Any]:
-    """Everything a write could change, key by key (key names come from the store)."""
-    client, keys = store.client, store.keys
-    return {
-        "defs": client.hgetall(keys.defs),
-        "state": client.hgetall(keys.state),
-        "schedule": client.zrange(keys.schedule, 0, -1, withscores=True),
-        "leases": client.zrange(keys.leases, 0, -1, withscores=True),
-        "paused": client.smembers(keys.paused),
-        "dead": client.zrange(keys.dead, 0, -1, withscores=True),
-        "keys": client.exists(*keys.all()),
-    }
 
 
 def due_times(store: Store) -> dict[str, float]:
@@ -171,19 +158,19 @@ def test_add_takes_every_option(run: Run, zstore: Store) -> None:
 def test_add_rejects_bad_input_and_writes_nothing(run: Run, zstore: Store, args: list[str],
                                                   message: str) -> None:
     run("add", "--id", "existing", "--task", "t", "--interval", "60")
-    before = snapshot(zstore)
+    before = store_snapshot(zstore)
     result = run("add", *args)
     assert result.exit_code == 65
     assert message in result.stderr
     assert result.stdout == ""
-    assert snapshot(zstore) == before
+    assert store_snapshot(zstore) == before
 
 
 def test_add_rejects_a_malformed_pair_as_a_usage_error(run: Run, zstore: Store) -> None:
     result = run("add", "--url", "https://a.example/x", "--meta", "novalue")
     assert result.exit_code == 2
     assert "expected KEY=VALUE" in result.stderr
-    assert snapshot(zstore)["keys"] == 0
+    assert store_snapshot(zstore)["keys"] == 0
 
 
 # ----------------------------------------------------------------- import
@@ -226,12 +213,12 @@ def test_import_twice_updates_without_moving_schedules(
 def test_a_bad_import_exits_non_zero_names_row_and_field_and_writes_nothing(
         run: Run, zstore: Store, tmp_path: Path, name: str, text: str, expected: str) -> None:
     assert run("import", "-f", str(_write(tmp_path, "old.json", _urls(5)))).exit_code == 0
-    before = snapshot(zstore)
+    before = store_snapshot(zstore)
     result = run("import", "-f", str(_write(tmp_path, name, text)))
     assert result.exit_code == 65
     assert expected in result.stderr
     assert "Traceback" not in result.output
-    assert snapshot(zstore) == before
+    assert store_snapshot(zstore) == before
 
 
 def test_a_missing_import_file_is_a_clear_error(run: Run, zstore: Store,
@@ -239,7 +226,7 @@ def test_a_missing_import_file_is_a_clear_error(run: Run, zstore: Store,
     result = run("import", "-f", str(tmp_path / "nope.json"))
     assert result.exit_code == 65
     assert "file: cannot be read: No such file or directory" in result.stderr
-    assert snapshot(zstore)["keys"] == 0
+    assert store_snapshot(zstore)["keys"] == 0
 
 
 def test_import_skip_invalid_stores_the_rest_and_lists_the_skipped_rows(
@@ -268,7 +255,7 @@ def test_import_dry_run_validates_and_writes_nothing(
     assert result.exit_code == 0
     assert "skipped row 12: url:" in result.stderr
     assert result.stdout.startswith("dry run: 2 valid job(s), 1 invalid row(s)")
-    assert snapshot(zstore)["keys"] == 0
+    assert store_snapshot(zstore)["keys"] == 0
 
 
 def test_a_dry_run_does_not_need_redis(run: Run, monkeypatch: pytest.MonkeyPatch,
@@ -392,7 +379,7 @@ def test_pause_resume_run_now_and_delete(run: Run, zstore: Store) -> None:
     assert (result.exit_code, result.stdout) == (0, "p: in flight, left alone\n")
     assert zstore.get("p").due_ms is None
     assert run("delete", "p").stdout == "deleted p\n"
-    assert snapshot(zstore)["defs"] == {}
+    assert store_snapshot(zstore)["defs"] == {}
 
 
 def test_control_commands_take_many_ids(run: Run, zstore: Store) -> None:
@@ -407,7 +394,7 @@ def test_control_commands_take_many_ids(run: Run, zstore: Store) -> None:
 def test_an_unknown_id_exits_1_and_changes_nothing(run: Run, zstore: Store,
                                                    command: str) -> None:
     run("add", "--id", "known", "--task", "t", "--interval", "60")
-    before = snapshot(zstore)
+    before = store_snapshot(zstore)
     result = run(command, "nope")
     assert result.exit_code == 1
     assert "no such job: 'nope'" in result.stderr
@@ -415,7 +402,7 @@ def test_an_unknown_id_exits_1_and_changes_nothing(run: Run, zstore: Store,
         result = run(command, "known", "nope")
         assert result.exit_code == 1
         assert "no such job(s): nope; nothing changed" in result.stderr
-    assert snapshot(zstore) == before
+    assert store_snapshot(zstore) == before
 
 
 # ------------------------------------------------------------ Redis down
@@ -463,13 +450,13 @@ def test_the_installed_celery_command_imports_and_exits_with_status(
     assert "created 25" in done.stdout
     assert zstore.client.hlen(zstore.keys.defs) == 25
 
-    before = snapshot(zstore)
+    before = store_snapshot(zstore)
     bad = _write(tmp_path, "bad.csv", "url,interval_s\nhttps://a.example/1,60\nhttps://x,0\n")
     done = celery_zsched("import", "--file", str(bad))
     assert done.returncode == 65
     assert "row 3: interval_s: must be a finite number >= 0.001" in done.stderr
     assert "Traceback" not in done.stderr
-    assert snapshot(zstore) == before
+    assert store_snapshot(zstore) == before
 
     done = celery_zsched("import", "--file", str(good), ZSCHED_REDIS_URL=UNREACHABLE)
     assert done.returncode == 69

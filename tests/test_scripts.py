@@ -21,6 +21,7 @@ from celery_zsched.config import Settings
 from celery_zsched.errors import JobNotFound
 from celery_zsched.job import Job
 from celery_zsched.store import Claimed, Store, task_id_for
+from tests.helpers import store_snapshot
 
 
 def _job(job_id: str = "j1", **fields: Any) -> Job:
@@ -42,22 +43,6 @@ def _state(store: Store, job_id: str) -> dict[str, Any]:
     assert raw is not None, f"no state for {job_id}"
     loaded: dict[str, Any] = json.loads(raw)
     return loaded
-
-
-def _snapshot(store: Store) -> dict[str, Any]:
-    """Everything a script could change, read with the store's own key names."""
-    c, k = store.client, store.keys
-    return {
-        "defs": c.hgetall(k.defs),
-        "state": c.hgetall(k.state),
-        "schedule": c.zrange(k.schedule, 0, -1, withscores=True),
-        "leases": c.zrange(k.leases, 0, -1, withscores=True),
-        "paused": c.smembers(k.paused),
-        "dead": c.zrange(k.dead, 0, -1, withscores=True),
-        "static": c.smembers(k.static),
-        "events": c.xlen(k.events),
-        "counters": c.hgetall(k.counters),
-    }
 
 
 def _make_due(store: Store, job_id: str) -> None:
@@ -184,11 +169,11 @@ def test_duplicate_settle_of_same_occurrence_and_attempt_changes_nothing(store: 
     claimed = _claim_one(store)
     first = store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "complete")
     assert first.applied and first.status == "scheduled"
-    before = _snapshot(store)
+    before = store_snapshot(store)
     for outcome in ("complete", "error", "skip"):
         dup = store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, outcome)
         assert not dup.applied and dup.status == "stale"
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_settle_with_an_old_occurrence_changes_nothing(store: Store) -> None:
@@ -198,23 +183,23 @@ def test_settle_with_an_old_occurrence_changes_nothing(store: Store) -> None:
     _make_due(store, old.job.id)
     current = store.claim().jobs[0]
     assert current.occurrence != old.occurrence
-    before = _snapshot(store)
+    before = store_snapshot(store)
     late = store.settle(old.job.id, old.occurrence, old.attempt, "complete")
     assert (late.applied, late.status) == (False, "stale")
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
     assert _state(store, old.job.id)["s"] == "leased"
 
 
 def test_settle_with_wrong_attempt_changes_nothing(store: Store) -> None:
     """A settle naming another attempt of the current occurrence is a no-op."""
     claimed = _claim_one(store)
-    before = _snapshot(store)
+    before = store_snapshot(store)
     for attempt in (claimed.attempt + 1, claimed.attempt - 1):
         res = store.settle(claimed.job.id, claimed.occurrence, attempt, "complete")
         assert (res.applied, res.status) == (False, "stale")
     res = store.settle(claimed.job.id, claimed.occurrence + 1, claimed.attempt, "error")
     assert not res.applied
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_settle_for_a_deleted_job_does_not_bring_it_back(store: Store) -> None:
@@ -233,12 +218,12 @@ def test_settle_for_a_deleted_job_does_not_bring_it_back(store: Store) -> None:
     assert [(e["id"], e["status"]) for _, e in events] == [(claimed.job.id, "complete")]
     with pytest.raises(JobNotFound):
         store.get(claimed.job.id)
-    before = _snapshot(store)
+    before = store_snapshot(store)
     assert not store.settle(claimed.job.id, claimed.occurrence, claimed.attempt,
                             "complete").applied
     assert store.reap() == (0, 0, [])
     assert store.claim().jobs == []
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_settle_for_a_paused_job_records_outcome_without_rescheduling(store: Store) -> None:
@@ -264,13 +249,13 @@ def test_settle_script_refuses_a_next_due_computed_from_an_old_definition(store:
     """settle.lua answers "changed" (and changes nothing) when the timing signature moved."""
     claimed = _claim_one(store)
     k = store.keys
-    before = _snapshot(store)
+    before = store_snapshot(store)
     res = store.client.eval(
         _lua("settle"), 7, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
         k.counters, claimed.job.id, claimed.occurrence, claimed.attempt, "complete", "complete",
         claimed.occurrence + 1, claimed.occurrence + 1, 1, "", "not-the-signature", 0, 1000, "{}")
     assert res == ["changed"]
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
     ok = store.client.eval(
         _lua("settle"), 7, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
         k.counters, claimed.job.id, claimed.occurrence, claimed.attempt, "complete", "complete",
@@ -328,10 +313,10 @@ def test_job_is_dead_lettered_after_max_deliveries(make_store: Callable[..., Sto
     assert store.client.hget(k.counters, "dead") == "1"
     assert store.claim().jobs == []
     # A settle arriving from a dead occurrence changes nothing.
-    before = _snapshot(store)
+    before = store_snapshot(store)
     assert not store.settle(claimed.job.id, claimed.occurrence, claimed.attempt,
                             "complete").applied
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_reap_of_deleted_in_flight_job_does_not_redeliver(make_store: Callable[..., Store]) -> None:
@@ -389,9 +374,9 @@ def test_release_of_a_settled_claim_changes_nothing(store: Store) -> None:
     """A release that comes after the settle (or names another attempt) is a no-op."""
     claimed = _claim_one(store)
     assert store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "complete").applied
-    before = _snapshot(store)
+    before = store_snapshot(store)
     assert store.release([claimed]) == 0
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 # ------------------------------------------------------------------- control
@@ -439,7 +424,7 @@ def test_delete_of_a_scheduled_job_removes_every_trace(store: Store) -> None:
     store.upsert(_job("kept"))
     store.pause("gone")
     assert store.delete("gone") == 1
-    snap = _snapshot(store)
+    snap = store_snapshot(store)
     assert list(snap["defs"]) == ["kept"]
     assert list(snap["state"]) == ["kept"]
     assert [m for m, _ in snap["schedule"]] == ["kept"]
@@ -451,9 +436,9 @@ def test_delete_of_a_scheduled_job_removes_every_trace(store: Store) -> None:
 def test_run_now_of_an_in_flight_job_is_a_no_op(store: Store) -> None:
     """run_now never adds a second occurrence while one is in flight."""
     claimed = _claim_one(store)
-    before = _snapshot(store)
+    before = store_snapshot(store)
     assert store.run_now(claimed.job.id) == 0
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
     assert store.claim().jobs == []
 
 
@@ -510,12 +495,12 @@ def test_reset_failures_zeroes_counters_and_revives_a_dead_job(
 def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     """control.lua answers an error for an operation it does not know, and changes nothing."""
     store.upsert(_job("c"))
-    before = _snapshot(store)
+    before = store_snapshot(store)
     k = store.keys
     with pytest.raises(redis.ResponseError, match="unknown operation"):
         store.client.eval(_lua("control"), 7, k.defs, k.schedule, k.leases, k.state, k.paused,
                           k.dead, k.static, "explode", "c", 0)
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
     res = store.client.eval(_lua("control"), 7, k.defs, k.schedule, k.leases, k.state, k.paused,
                             k.dead, k.static, "pause", "c", 0, "missing", 0)
     assert res == [1, "missing"]
@@ -536,11 +521,11 @@ def test_reupsert_of_an_unchanged_job_does_not_move_its_schedule(store: Store) -
     claimed = _claim_one(store)
     store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "complete")
     due = store.client.zscore(store.keys.schedule, claimed.job.id)
-    before = _snapshot(store)
+    before = store_snapshot(store)
     report = store.upsert(claimed.job)
     assert (report.created, report.updated, report.rescheduled) == (0, 1, 0)
     assert store.client.zscore(store.keys.schedule, claimed.job.id) == due
-    assert _snapshot(store) == before
+    assert store_snapshot(store) == before
 
 
 def test_changed_interval_moves_the_schedule(store: Store) -> None:
