@@ -204,11 +204,12 @@ class _BatchSender:
                 self.routes[key] = route
         task_id = claimed.task_id
         options = dict(route.options)
+        # Keywords, not positions: as_task_v2's parameter order is not a stable API.
         message = self.amqp.create_task_message(
-            task_id, name, args, kwargs, None, None, None, None, route.expires, 0, None,
-            None, None, self.reply_to, route.time_limit, route.soft_time_limit, False,
-            None, None, None, None, origin=self.origin,
-            ignore_result=route.ignore_result, replaced_task_nesting=0,
+            task_id, name, args, kwargs, expires=route.expires, retries=0,
+            reply_to=self.reply_to, time_limit=route.time_limit,
+            soft_time_limit=route.soft_time_limit, create_sent_event=False,
+            origin=self.origin, ignore_result=route.ignore_result, replaced_task_nesting=0,
             # as_task_v2 would repr ``args or ()``, ``kwargs or {}``
             argsrepr=fast_repr(args or (), self.args_maxlen, self.maxlevels),
             kwargsrepr=fast_repr(kwargs or {}, self.kwargs_maxlen, self.maxlevels),
