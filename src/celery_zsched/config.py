@@ -13,6 +13,8 @@ from .keys import DEFAULT_PREFIX
 
 SETTING_PREFIX = "zsched_"
 ENV_PREFIX = "ZSCHED_"
+#: Where the schedule lives when neither zsched_redis_url nor a Redis broker says.
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 @dataclass(frozen=True)
@@ -111,12 +113,19 @@ class Settings:
                 name = name[len(namespace):]
             if name.lower().startswith(SETTING_PREFIX):
                 mapping[name] = conf.get(key)
-        settings = cls.from_mapping(mapping)
-        if not settings.redis_url:
-            broker = conf.broker_url or ""
-            url = broker if str(broker).startswith(("redis://", "rediss://", "unix://")) else ""
-            settings = dataclasses.replace(settings, redis_url=url or "redis://localhost:6379/0")
-        return settings
+        return cls.from_mapping(mapping).with_broker_fallback(conf.broker_url)
+
+    def with_broker_fallback(self, broker_url: Any) -> Settings:
+        """These settings, with an empty ``redis_url`` filled in.
+
+        The fallback is the broker URL when that is Redis, else
+        ``redis://localhost:6379/0``: beat, workers and Django agree on it.
+        """
+        if self.redis_url:
+            return self
+        broker = str(broker_url or "")
+        is_redis = broker.startswith(("redis://", "rediss://", "unix://"))
+        return dataclasses.replace(self, redis_url=broker if is_redis else DEFAULT_REDIS_URL)
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the first bad value."""

@@ -19,7 +19,6 @@ by itself when a test changes a relevant setting).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -36,7 +35,6 @@ from celery_zsched.store import Store
 
 DJANGO_PREFIX = "CELERY_"
 ALIAS_SETTING = "CELERY_ZSCHED_REDIS_ALIAS"
-_FALLBACK_URL = "redis://localhost:6379/0"
 
 _lock = threading.RLock()
 _cache: dict[str, Any] = {}
@@ -72,13 +70,8 @@ def get_settings() -> Settings:
     """
     with _lock:
         if "settings" not in _cache:
-            settings = Settings.from_mapping(zsched_mapping())
-            if not settings.redis_url:
-                broker = str(getattr(django_settings, "CELERY_BROKER_URL", "") or "")
-                is_redis = broker.startswith(("redis://", "rediss://", "unix://"))
-                settings = dataclasses.replace(
-                    settings, redis_url=broker if is_redis else _FALLBACK_URL)
-            _cache["settings"] = settings
+            _cache["settings"] = Settings.from_mapping(zsched_mapping()).with_broker_fallback(
+                getattr(django_settings, "CELERY_BROKER_URL", None))
         result: Settings = _cache["settings"]
         return result
 
