@@ -59,3 +59,34 @@ def make_store(rclient: redis.Redis, make_settings: Callable[..., Settings]
 def store(make_store: Callable[..., Store]) -> Store:
     """A store with default settings on the throwaway server."""
     return make_store()
+
+
+@pytest.fixture
+def zsched_redis(settings: Any, redis_url: str, rclient: redis.Redis) -> Iterator[None]:
+    """Point Django's ``CELERY_ZSCHED_*`` and ``zsched`` cache alias at the throwaway server.
+
+    Each test gets a key prefix of its own, set through pytest-django's
+    ``settings`` fixture (which undoes it); the conf cache is reset on both
+    sides, so no store outlives its test. Used by tests/django (for every
+    test) and tests/browser.
+    """
+    from celery_zsched.contrib.django import conf  # Django is configured by now
+
+    settings.CACHES = {
+        **settings.CACHES,
+        "zsched": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url},
+    }
+    settings.CELERY_ZSCHED_REDIS_URL = redis_url
+    settings.CELERY_ZSCHED_KEY_PREFIX = "{dj" + uuid.uuid4().hex[:8] + "}:"
+    settings.CELERY_ZSCHED_MAX_JITTER_S = 0
+    conf.reset()
+    yield
+    conf.reset()
+
+
+@pytest.fixture
+def zstore(zsched_redis: None) -> Store:
+    """The store the Django app uses in this test."""
+    from celery_zsched.contrib.django import conf
+
+    return conf.get_store()

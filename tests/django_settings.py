@@ -2,7 +2,7 @@
 
 SQLite by default; PostgreSQL (or any URL below) when ``DATABASE_URL`` is set,
 as in the ``django-postgres`` tox env. Redis points nowhere useful here on
-purpose: the ``zsched_redis`` fixture of ``tests/django/conftest.py`` points the
+purpose: the ``zsched_redis`` fixture of ``tests/conftest.py`` points the
 cache alias and the store at the throwaway redis-server of each test session,
 so no test can reach a developer's Redis on 6379.
 """

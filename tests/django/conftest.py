@@ -1,51 +1,23 @@
 """Fixtures of the Django app's tests: settings pointed at the throwaway Redis.
 
-Every test gets a unique key prefix on the session's throwaway redis-server
-(``redis_server`` from tests/conftest.py), set through pytest-django's
-``settings`` fixture, which also undoes it. The conf cache is reset on both
-sides, so no store outlives its test.
+Every test gets a unique key prefix on the session's throwaway redis-server,
+through the ``zsched_redis`` fixture of tests/conftest.py.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 
-from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.job import Job
-from celery_zsched.store import Store
-
-
-@pytest.fixture
-def throwaway_url(redis_server: Any) -> str:
-    """db 0 of the session's throwaway redis-server."""
-    return f"redis://{redis_server.host}:{redis_server.port}/0"
 
 
 @pytest.fixture(autouse=True)
-def zsched_redis(settings: Any, throwaway_url: str, rclient: redis.Redis) -> Iterator[None]:
-    """Point ``CELERY_ZSCHED_*`` and the ``zsched`` cache alias at the throwaway server."""
-    settings.CACHES = {
-        **settings.CACHES,
-        "zsched": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": throwaway_url},
-    }
-    settings.CELERY_ZSCHED_REDIS_URL = throwaway_url
-    settings.CELERY_ZSCHED_KEY_PREFIX = "{dj" + uuid.uuid4().hex[:8] + "}:"
-    settings.CELERY_ZSCHED_MAX_JITTER_S = 0
-    conf.reset()
-    yield
-    conf.reset()
-
-
-@pytest.fixture
-def zstore() -> Store:
-    """The store the Django app uses in this test."""
-    return conf.get_store()
+def _store_for_every_test(zsched_redis: None) -> None:
+    """Every Django test runs against its own store (``zsched_redis`` in tests/conftest.py)."""
 
 
 @pytest.fixture
