@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from celery_zsched.store import Store
@@ -25,3 +26,10 @@ def store_snapshot(store: Store) -> dict[str, Any]:
         "counters": c.hgetall(k.counters),
         "keys": c.exists(*k.all()),
     }
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

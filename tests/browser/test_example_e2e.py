@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from celery_zsched import Settings, Store
+from tests.helpers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_project"
 # Runs inside the example project (``manage.py shell``): an admin's view of every job.
@@ -45,12 +46,6 @@ with open(os.environ["E2E_OUT"], "w") as fp:
 """
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Procs:

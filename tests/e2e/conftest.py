@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ import redis
 from celery_zsched.config import Settings
 from celery_zsched.job import Job
 from celery_zsched.store import JobInfo, Store
+from tests.helpers import free_port
 
 from .names import (
     APP_MODULE,
@@ -74,13 +74,6 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def gaps(times: list[float]) -> list[float]:
