@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import random
@@ -35,14 +36,27 @@ def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
     return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}"))
 
 
+@contextlib.contextmanager
+def _redis_errors() -> Iterator[None]:
+    """Turn Redis connection failures into :class:`StoreUnavailable`."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
+
+
 def _unavailable(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
+        with _redis_errors():
             return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
     return wrapper
+
+
+def _time_ms(reply: Sequence[Any]) -> int:
+    """Epoch ms of a Redis ``TIME`` reply (seconds, microseconds)."""
+    sec, usec = reply
+    return int(sec) * 1000 + int(usec) // 1000
 
 
 @dataclass(frozen=True)
@@ -203,8 +217,7 @@ class Store:
     @_unavailable
     def now_ms(self) -> int:
         """The Redis server's clock, in epoch ms."""
-        sec, usec = self.client.time()
-        return int(sec) * 1000 + int(usec) // 1000
+        return _time_ms(self.client.time())
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              client: Any = None) -> Any:
@@ -373,13 +386,12 @@ class Store:
         # HSCAN may return an entry twice while the hash is rehashing; ids are
         # remembered so every job is yielded once (an id costs far less than a job).
         seen: set[str] = set()
-        try:
+        # A generator runs after the decorator returned, so it guards itself.
+        with _redis_errors():
             for job_id, raw in self.client.hscan_iter(self.keys.defs, count=count):
                 if job_id not in seen:
                     seen.add(job_id)
                     yield Job.from_json(raw)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
 
     @_unavailable
     def peek_next_due(self) -> int | None:
@@ -469,8 +481,8 @@ class Store:
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(self.keys.defs, job_id)
             pipe.time()
-            raw, (sec, usec) = pipe.execute()
-            now = int(sec) * 1000 + int(usec) // 1000
+            raw, reply = pipe.execute()
+            now = _time_ms(reply)
             if raw is None:
                 # Deleted while in flight: the script records the outcome of the
                 # occurrence (if it is the current one) and forgets the job.
