@@ -84,9 +84,6 @@ def _errors(fn: Callable[P, R]) -> Callable[P, R]:
             _fail(f"configuration: {exc}", EX_CONFIG)
         except StoreUnavailable as exc:
             _fail(f"cannot reach {_where()}: {exc.__cause__ or exc}", EX_UNAVAILABLE)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # Generators (Store.iter_jobs) raise redis' own errors unwrapped.
-            _fail(f"cannot reach {_where()}: {exc}", EX_UNAVAILABLE)
         except redis.RedisError as exc:
             _fail(f"{_where()} failed: {exc}", EX_UNAVAILABLE)
     return wrapper
