@@ -18,6 +18,7 @@ def store_snapshot(store: Store) -> dict[str, Any]:
         "defs": c.hgetall(k.defs),
         "state": c.hgetall(k.state),
         "schedule": c.zrange(k.schedule, 0, -1, withscores=True),
+        "queued": c.zrange(k.queued, 0, -1, withscores=True),
         "leases": c.zrange(k.leases, 0, -1, withscores=True),
         "paused": c.smembers(k.paused),
         "dead": c.zrange(k.dead, 0, -1, withscores=True),

@@ -20,7 +20,7 @@ import redis
 from celery_zsched.config import Settings
 from celery_zsched.errors import JobNotFound
 from celery_zsched.job import Job
-from celery_zsched.store import Claimed, Store, task_id_for
+from celery_zsched.store import Claimed, ReapResult, Store, task_id_for
 from tests.helpers import store_snapshot
 
 
@@ -30,12 +30,20 @@ def _job(job_id: str = "j1", **fields: Any) -> Job:
     return Job.from_dict(data)
 
 
-def _claim_one(store: Store, job: Job | None = None, lease_s: float | None = None) -> Claimed:
+def _claim_one(store: Store, job: Job | None = None) -> Claimed:
+    """Store a job and claim it: it is queued (published, not started)."""
     job = job or _job()
     store.upsert(job)
-    batch = store.claim(lease_s=lease_s)
+    batch = store.claim()
     assert [c.job.id for c in batch.jobs] == [job.id]
     return batch.jobs[0]
+
+
+def _run_one(store: Store, job: Job | None = None) -> Claimed:
+    """Store, claim and start a job: it is running under an execution lease."""
+    claimed = _claim_one(store, job)
+    assert store.start(claimed.job.id, claimed.occurrence, claimed.attempt).runs
+    return claimed
 
 
 def _state(store: Store, job_id: str) -> dict[str, Any]:
@@ -103,12 +111,13 @@ def test_two_processes_claim_each_of_10000_due_jobs_exactly_once(
     assert set(first) & set(second) == set()
     assert set(first) | set(second) == {j.id for j in jobs}
     assert store.client.zcard(store.keys.schedule) == 0
-    assert store.client.zcard(store.keys.leases) == 10_000
+    assert store.client.zcard(store.keys.queued) == 10_000
     assert store.client.hget(store.keys.counters, "promoted") == "10000"
 
 
 def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> None:
-    """claim.lua returns {now, next_due, next_lease, then per job id, def, occ, attempt, d, due}."""
+    """claim.lua returns {now, next_due, next_deadline, room, then per job id, def, occ, attempt,
+    publishes, due}."""
     job = _job("raw-claim")
     later = _job("later")
     store.upsert(job)
@@ -117,21 +126,23 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     store.client.zadd(store.keys.schedule, {later.id: later_due})
     due = int(store.client.zscore(store.keys.schedule, job.id) or 0)
     k = store.keys
-    res = store.client.eval(_lua("claim"), 5, k.schedule, k.leases, k.state, k.defs, k.counters,
-                            10, 20_000)
+    res = store.client.eval(_lua("claim"), 6, k.schedule, k.queued, k.leases, k.state, k.defs,
+                            k.counters, 10, 20_000, 50)
     sec, usec = store.client.time()
     redis_now = sec * 1000 + usec // 1000
-    now, next_due, next_lease = res[0], res[1], res[2]
+    now, next_due, next_lease, room = res[0], res[1], res[2], res[3]
     assert 0 <= redis_now - now < 1000
     assert next_due == later_due
     assert next_lease == now + 20_000
-    assert res[3:] == [job.id, job.to_json(), due, 1, 1, due]
-    assert store.client.zscore(k.leases, job.id) == now + 20_000
-    assert _state(store, job.id)["s"] == "leased"
-    # Nothing due: the lists are empty and next_due/next_lease still reported.
-    again = store.client.eval(_lua("claim"), 5, k.schedule, k.leases, k.state, k.defs,
-                              k.counters, 10, 20_000)
-    assert again[1:] == [later_due, now + 20_000]
+    assert room == 49
+    assert res[4:] == [job.id, job.to_json(), due, 1, 1, due]
+    assert store.client.zscore(k.queued, job.id) == now + 20_000
+    assert store.client.zscore(k.leases, job.id) is None
+    assert _state(store, job.id)["s"] == "queued"
+    # Nothing due: the lists are empty and next_due/next_deadline still reported.
+    again = store.client.eval(_lua("claim"), 6, k.schedule, k.queued, k.leases, k.state, k.defs,
+                              k.counters, 10, 20_000, 50)
+    assert again[1:] == [later_due, now + 20_000, 49]
 
 
 def test_claim_takes_only_due_jobs_and_at_most_limit(store: Store) -> None:
@@ -160,7 +171,7 @@ def test_claim_drops_schedule_entries_whose_definition_is_gone(store: Store) -> 
     assert store.claim().jobs == []
     assert store.client.zscore(store.keys.schedule, "orphan") is None
     assert store.client.hget(store.keys.state, "orphan") is None
-    assert store.client.zcard(store.keys.leases) == 0
+    assert store.client.zcard(store.keys.queued) == 0
 
 
 # -------------------------------------------------------------------- settle
@@ -187,7 +198,7 @@ def test_settle_with_an_old_occurrence_changes_nothing(store: Store) -> None:
     late = store.settle(old.job.id, old.occurrence, old.attempt, "complete")
     assert (late.applied, late.status) == (False, "stale")
     assert store_snapshot(store) == before
-    assert _state(store, old.job.id)["s"] == "leased"
+    assert _state(store, old.job.id)["s"] == "queued"
 
 
 def test_settle_with_wrong_attempt_changes_nothing(store: Store) -> None:
@@ -221,7 +232,7 @@ def test_settle_for_a_deleted_job_does_not_bring_it_back(store: Store) -> None:
     before = store_snapshot(store)
     assert not store.settle(claimed.job.id, claimed.occurrence, claimed.attempt,
                             "complete").applied
-    assert store.reap() == (0, 0, [])
+    assert store.reap() == ReapResult()
     assert store.claim().jobs == []
     assert store_snapshot(store) == before
 
@@ -251,14 +262,16 @@ def test_settle_script_refuses_a_next_due_computed_from_an_old_definition(store:
     k = store.keys
     before = store_snapshot(store)
     res = store.client.eval(
-        _lua("settle"), 7, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
-        k.counters, claimed.job.id, claimed.occurrence, claimed.attempt, "complete", "complete",
+        _lua("settle"), 8, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
+        k.counters, k.queued, claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
+        "complete",
         claimed.occurrence + 1, claimed.occurrence + 1, 1, "", "not-the-signature", 0, 1000, "{}")
     assert res == ["changed"]
     assert store_snapshot(store) == before
     ok = store.client.eval(
-        _lua("settle"), 7, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
-        k.counters, claimed.job.id, claimed.occurrence, claimed.attempt, "complete", "complete",
+        _lua("settle"), 8, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
+        k.counters, k.queued, claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
+        "complete",
         claimed.occurrence + 5, claimed.occurrence + 5, 1, "", claimed.job.timing_signature, 0,
         1000, "{}")
     assert ok[:2] == ["ok", "scheduled"]
@@ -276,34 +289,37 @@ def test_settle_rejects_an_unknown_outcome(store: Store) -> None:
 def test_expired_lease_is_redelivered_with_same_occurrence_attempt_and_task_id(
     make_store: Callable[..., Store],
 ) -> None:
-    """Reap returns an unsettled occurrence as-is: same occurrence, attempt and task id."""
+    """A running occurrence whose execution lease ended comes back as-is: same task id."""
     store = make_store(lease_s=0.05)
-    first = _claim_one(store)
-    assert store.reap() == (0, 0, [])  # the lease is still live
+    first = _run_one(store)
+    assert store.reap() == ReapResult()  # the lease is still live
     time.sleep(0.1)
-    assert store.reap() == (1, 0, [first.job.id])
+    assert store.reap() == ReapResult(redelivered=1, ids=(first.job.id,))
     assert store.client.zscore(store.keys.schedule, first.job.id) == first.due_ms
     second = store.claim().jobs[0]
     assert (second.occurrence, second.attempt, second.due_ms) == (
         first.occurrence, first.attempt, first.due_ms)
     assert second.task_id == first.task_id == task_id_for(first.job.id, first.occurrence, 1)
     assert (first.deliveries, second.deliveries) == (1, 2)
+    assert _state(store, first.job.id)["d"] == 1
     assert store.client.hget(store.keys.counters, "redelivered") == "1"
-    # The redelivered occurrence settles normally.
+    # The redelivered occurrence starts and settles normally.
+    assert store.start(second.job.id, second.occurrence, second.attempt).runs
     assert store.settle(second.job.id, second.occurrence, second.attempt, "complete").applied
 
 
 def test_job_is_dead_lettered_after_max_deliveries(make_store: Callable[..., Store]) -> None:
-    """After max_deliveries unsettled deliveries the job is dead, not scheduled."""
+    """After max_deliveries crashed executions the job is dead, not scheduled."""
     store = make_store(lease_s=0.05, max_deliveries=3)
-    claimed = _claim_one(store)
+    claimed = _run_one(store)
     for delivery in (2, 3):
         time.sleep(0.07)
-        assert store.reap() == (1, 0, [claimed.job.id])
+        assert store.reap() == ReapResult(redelivered=1, ids=(claimed.job.id,))
         again = store.claim().jobs[0]
         assert (again.deliveries, again.task_id) == (delivery, claimed.task_id)
+        assert store.start(again.job.id, again.occurrence, again.attempt).runs
     time.sleep(0.07)
-    assert store.reap() == (0, 1, [claimed.job.id])
+    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
     k = store.keys
     assert store.client.zscore(k.dead, claimed.job.id) is not None
     assert store.client.zscore(k.schedule, claimed.job.id) is None
@@ -320,37 +336,194 @@ def test_job_is_dead_lettered_after_max_deliveries(make_store: Callable[..., Sto
 
 
 def test_reap_of_deleted_in_flight_job_does_not_redeliver(make_store: Callable[..., Store]) -> None:
-    """A job deleted while in flight is forgotten when its lease expires."""
+    """A job deleted while running is forgotten when its execution lease expires."""
     store = make_store(lease_s=0.05)
-    claimed = _claim_one(store)
+    claimed = _run_one(store)
     store.delete(claimed.job.id)
     time.sleep(0.07)
-    assert store.reap() == (0, 0, [])
+    assert store.reap() == ReapResult()
     assert store.client.zcard(store.keys.leases) == 0
     assert store.client.hlen(store.keys.state) == 0
     assert store.claim().jobs == []
 
 
-# -------------------------------------------------------------------- extend
-def test_extend_pushes_back_the_lease_of_the_current_attempt_only(
+def test_waiting_past_the_delivery_deadline_with_no_worker_alive_is_not_a_failure(
     make_store: Callable[..., Store],
 ) -> None:
-    """extend.lua moves the lease to now + seconds; stale callers get False."""
-    store = make_store(lease_s=0.05)
+    """No live worker: a message past its delivery deadline is only waiting. It is held, not
+    republished, and counts nothing toward dead-lettering, however many times it happens."""
+    store = make_store(delivery_timeout_s=0.05, max_deliveries=1)
+    claimed = _claim_one(store)
+    for _ in range(3):
+        time.sleep(0.07)
+        assert store.reap() == ReapResult(held=1)
+    state = _state(store, claimed.job.id)
+    assert (state["s"], state.get("d", 0), state["x"]) == ("queued", 0, 1)
+    assert store.client.zscore(store.keys.schedule, claimed.job.id) is None
+    assert store.claim().jobs == []  # no second message
+    assert store.client.zcard(store.keys.dead) == 0
+    # The message finally starts: it runs once.
+    assert store.start(claimed.job.id, claimed.occurrence, claimed.attempt).runs
+
+
+def test_message_lost_while_a_worker_is_alive_is_republished_with_the_same_task_id(
+    make_store: Callable[..., Store],
+) -> None:
+    """A live worker and a message past its delivery deadline: the broker lost it. The same
+    occurrence is republished (same task id) without counting a crash; if the original shows
+    up after all, only one of the two runs."""
+    store = make_store(delivery_timeout_s=0.05, max_deliveries=1)
+    claimed = _claim_one(store)
+    time.sleep(0.07)
+    assert store.heartbeat([], "w1@host:1") == []
+    assert store.reap() == ReapResult(lost=1, ids=(claimed.job.id,))
+    assert store.client.hget(store.keys.counters, "lost") == "1"
+    again = store.claim().jobs[0]
+    assert (again.task_id, again.deliveries) == (claimed.task_id, 2)
+    assert _state(store, claimed.job.id).get("d", 0) == 0
+    assert store.start(again.job.id, again.occurrence, again.attempt).runs
+    dup = store.start(claimed.job.id, claimed.occurrence, claimed.attempt)
+    assert (dup.status, dup.found) == ("duplicate", "running")
+    assert store.client.hget(store.keys.counters, "duplicates") == "1"
+
+
+def test_entries_leased_under_the_old_meaning_become_queued_on_upgrade(
+    make_store: Callable[..., Store],
+) -> None:
+    """A store written before execution leases ("leased" in the lease set, deliveries counted
+    while waiting) loses and strands nothing: the reaper converts each entry to queued with a
+    delivery deadline from its promotion and a clean crash count; one a new worker starts runs."""
+    store = make_store(delivery_timeout_s=3600, max_deliveries=2)
+    jobs = [_job(f"old{i}") for i in range(3)]
+    store.upsert_many(jobs, stagger=False)
+    now = store.now_ms()
+    k = store.keys
+    for job in jobs:  # what the old claim.lua wrote, with a lease that just ran out
+        store.client.zrem(k.schedule, job.id)
+        state = _state(store, job.id)
+        state.update(s="leased", d=4, due=now - 10, p=now - 5)
+        store.client.hset(k.state, job.id, json.dumps(state))
+        store.client.zadd(k.leases, {job.id: now - 1})
+    occ = _state(store, "old0")["o"]
+    # A new worker starts old0's message before the reaper gets to it.
+    assert store.start("old0", occ, 1).runs
+    res = store.reap()
+    assert (res.converted, res.dead, res.redelivered, res.total) == (2, 0, 0, 0)
+    for job_id in ("old1", "old2"):
+        state = _state(store, job_id)
+        assert (state["s"], state["d"]) == ("queued", 0)
+        assert store.client.zscore(k.queued, job_id) == now - 5 + 3_600_000
+    assert _state(store, "old0")["s"] == "running"
+    assert store.start("old1", _state(store, "old1")["o"], 1).runs
+    assert store.settle("old0", occ, 1, "complete").applied
+    assert store.client.zcard(k.dead) == 0
+
+
+# ----------------------------------------------------------------- heartbeat
+def test_heartbeat_extends_the_lease_of_the_current_running_attempt_only(
+    make_store: Callable[..., Store],
+) -> None:
+    """heartbeat.lua moves running leases to now + lease_s; it never revives anything else."""
+    store = make_store(lease_s=30)
     claimed = _claim_one(store)
     job_id = claimed.job.id
-    assert store.extend(job_id, claimed.occurrence, claimed.attempt, 30)
+    # Queued, not running: nothing to extend.
+    assert store.heartbeat([(job_id, claimed.occurrence, claimed.attempt)]) == [job_id]
+    assert store.start(job_id, claimed.occurrence, claimed.attempt).runs
+    store.client.zadd(store.keys.leases, {job_id: store.now_ms() + 1000})
+    assert store.heartbeat([(job_id, claimed.occurrence, claimed.attempt)], "w") == []
     lease = store.client.zscore(store.keys.leases, job_id)
     assert lease is not None and 29_000 <= lease - store.now_ms() <= 30_000
-    time.sleep(0.07)
-    assert store.reap() == (0, 0, [])
-    assert not store.extend(job_id, claimed.occurrence, claimed.attempt + 1, 60)
-    assert not store.extend(job_id, claimed.occurrence - 1, claimed.attempt, 60)
-    assert not store.extend("nope", claimed.occurrence, claimed.attempt, 60)
+    stale = [(job_id, claimed.occurrence, claimed.attempt + 1),
+             (job_id, claimed.occurrence - 1, claimed.attempt),
+             ("nope", claimed.occurrence, claimed.attempt)]
+    assert store.heartbeat(stale) == [job_id, job_id, "nope"]
     assert store.client.zscore(store.keys.leases, job_id) == lease
     assert store.settle(job_id, claimed.occurrence, claimed.attempt, "complete").applied
-    assert not store.extend(job_id, claimed.occurrence, claimed.attempt, 60)
+    assert store.heartbeat([(job_id, claimed.occurrence, claimed.attempt)]) == [job_id]
     assert store.client.zscore(store.keys.leases, job_id) is None
+    assert store.client.zscore(store.keys.workers, "w") is not None
+
+
+# --------------------------------------------------------------------- start
+def test_start_is_a_compare_and_set_that_lets_exactly_one_delivery_run(store: Store) -> None:
+    """Of many deliveries of one occurrence and attempt, exactly one runs; the others find it
+    running (or settled) and change nothing."""
+    claimed = _claim_one(store)
+    args = (claimed.job.id, claimed.occurrence, claimed.attempt)
+    first = store.start(*args)
+    assert first.runs and first.due_ms == claimed.due_ms
+    assert first.promoted_ms == claimed.promoted_ms
+    k = store.keys
+    assert store.client.zscore(k.queued, claimed.job.id) is None
+    lease = store.client.zscore(k.leases, claimed.job.id)
+    assert lease is not None and first.now_ms is not None
+    assert lease == first.now_ms + store.settings.lease_s * 1000
+    before = store_snapshot(store)
+    for _ in range(3):
+        dup = store.start(*args)
+        assert (dup.runs, dup.status, dup.found) == (False, "duplicate", "running")
+    assert store_snapshot(store)["state"] == before["state"]
+    assert store.client.hget(k.counters, "started") == "1"
+    assert store.settle(*args, "complete").applied
+    assert store.start(*args).status == "stale"  # a new occurrence is current now
+    assert store.start("nope", 1, 1).status == "gone"
+
+
+def test_start_of_a_message_older_than_its_expiry_reports_expired_on_the_redis_clock(
+    store: Store,
+) -> None:
+    """expires_s is measured from promotion on Redis' clock; the expired delivery does not run
+    and its settle records the error."""
+    claimed = _claim_one(store)
+    args = (claimed.job.id, claimed.occurrence, claimed.attempt)
+    k = store.keys
+    state = _state(store, claimed.job.id)
+    state["p"] = store.now_ms() - 5_000
+    store.client.hset(k.state, claimed.job.id, json.dumps(state))
+    res = store.start(*args, expires_ms=4_000)
+    assert res.status == "expired" and not res.runs
+    assert _state(store, claimed.job.id)["s"] == "queued"
+    assert store.start(*args, expires_ms=6_000).runs
+    settled = store.settle(*args, "error", error="expired")
+    assert settled.applied and settled.label == "retrying"
+
+
+def test_retrying_puts_a_running_attempt_back_to_queued_for_its_celery_retry(store: Store) -> None:
+    """A Celery Task.retry is not an outcome: the occurrence is queued again and the retry's
+    delivery starts it."""
+    claimed = _run_one(store)
+    args = (claimed.job.id, claimed.occurrence, claimed.attempt)
+    assert store.retrying(*args, countdown_s=10)
+    k = store.keys
+    assert store.client.zscore(k.leases, claimed.job.id) is None
+    deadline = store.client.zscore(k.queued, claimed.job.id)
+    expected = 10 + store.settings.delivery_timeout_s
+    assert deadline is not None and abs(deadline - store.now_ms() - expected * 1000) < 100
+    assert not store.retrying(*args, countdown_s=10)  # not running any more
+    assert store.start(*args).runs
+
+
+def test_claim_holds_due_jobs_in_the_schedule_past_the_backpressure_bound(
+    make_store: Callable[..., Store],
+) -> None:
+    """With max_queued occurrences queued and not started, due jobs stay in the schedule;
+    each start frees a slot, and the earliest due is promoted first."""
+    store = make_store(max_queued=3)
+    jobs = [_job(f"b{i}") for i in range(6)]
+    store.upsert_many(jobs, stagger=False)
+    now = store.now_ms()
+    for i, job in enumerate(jobs):
+        store.client.zadd(store.keys.schedule, {job.id: now - 1000 + i}, xx=True)
+    first = store.claim()
+    assert [c.job.id for c in first.jobs] == ["b0", "b1", "b2"] and first.room == 0
+    held = store.claim()
+    assert held.jobs == [] and held.room == 0
+    assert held.next_due_ms is not None and held.next_due_ms <= held.now_ms
+    assert store.start("b1", first.jobs[1].occurrence, 1).runs
+    assert [c.job.id for c in store.claim().jobs] == ["b3"]
+    assert store.client.zcard(store.keys.queued) == 3
+    assert store.client.zcard(store.keys.schedule) == 2
 
 
 # ------------------------------------------------------------------- release
@@ -360,9 +533,9 @@ def test_release_returns_unpublished_jobs_without_counting_a_delivery(store: Sto
     assert store.release([claimed]) == 1
     k = store.keys
     assert store.client.zscore(k.schedule, claimed.job.id) == claimed.due_ms
-    assert store.client.zscore(k.leases, claimed.job.id) is None
+    assert store.client.zscore(k.queued, claimed.job.id) is None
     state = _state(store, claimed.job.id)
-    assert (state["s"], state["d"]) == ("scheduled", 0)
+    assert (state["s"], state["x"]) == ("scheduled", 0)
     again = store.claim().jobs[0]
     assert (again.occurrence, again.attempt, again.deliveries) == (
         claimed.occurrence, claimed.attempt, 1)
@@ -382,19 +555,19 @@ def test_release_of_a_settled_claim_changes_nothing(store: Store) -> None:
 # ------------------------------------------------------------------- control
 def test_pause_of_a_leased_job_leaves_the_lease_and_occurrence_alone(store: Store) -> None:
     """Pausing an in-flight job changes only what happens after its settle."""
-    claimed = _claim_one(store)
+    claimed = _run_one(store)
     lease = store.client.zscore(store.keys.leases, claimed.job.id)
     state = _state(store, claimed.job.id)
     assert store.pause(claimed.job.id) == 1
     assert store.client.zscore(store.keys.leases, claimed.job.id) == lease
     assert _state(store, claimed.job.id) == state
     assert store.client.sismember(store.keys.paused, claimed.job.id)
-    assert store.extend(claimed.job.id, claimed.occurrence, claimed.attempt, 60)
+    assert store.heartbeat([(claimed.job.id, claimed.occurrence, claimed.attempt)]) == []
 
 
 def test_delete_of_a_leased_job_leaves_the_lease_alone(store: Store) -> None:
     """Deleting an in-flight job removes its definition but not its lease or occurrence."""
-    claimed = _claim_one(store)
+    claimed = _run_one(store)
     lease = store.client.zscore(store.keys.leases, claimed.job.id)
     state = _state(store, claimed.job.id)
     assert store.delete(claimed.job.id) == 1
@@ -476,9 +649,9 @@ def test_reset_failures_zeroes_counters_and_revives_a_dead_job(
 ) -> None:
     """reset_failures clears the failure streak and brings a dead-lettered job back, due now."""
     store = make_store(lease_s=0.05, max_deliveries=1, retry_max=0)
-    claimed = _claim_one(store)
+    claimed = _run_one(store)
     time.sleep(0.07)
-    assert store.reap() == (0, 1, [claimed.job.id])
+    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
     state = _state(store, claimed.job.id)
     state.update(c=4, f=9, e="boom")
     store.client.hset(store.keys.state, claimed.job.id, json.dumps(state))
@@ -498,11 +671,11 @@ def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     before = store_snapshot(store)
     k = store.keys
     with pytest.raises(redis.ResponseError, match="unknown operation"):
-        store.client.eval(_lua("control"), 7, k.defs, k.schedule, k.leases, k.state, k.paused,
-                          k.dead, k.static, "explode", "c", 0)
+        store.client.eval(_lua("control"), 8, k.defs, k.schedule, k.leases, k.state, k.paused,
+                          k.dead, k.static, k.queued, "explode", "c", 0)
     assert store_snapshot(store) == before
-    res = store.client.eval(_lua("control"), 7, k.defs, k.schedule, k.leases, k.state, k.paused,
-                            k.dead, k.static, "pause", "c", 0, "missing", 0)
+    res = store.client.eval(_lua("control"), 8, k.defs, k.schedule, k.leases, k.state, k.paused,
+                            k.dead, k.static, k.queued, "pause", "c", 0, "missing", 0)
     assert res == [1, "missing"]
 
 
@@ -556,7 +729,7 @@ def test_changed_definition_is_updated_without_moving_the_schedule(store: Store)
 
 def test_edit_of_an_in_flight_job_applies_from_its_settle(store: Store) -> None:
     """A timing edit never touches the occurrence in flight; its settle uses the new timing."""
-    claimed = _claim_one(store)
+    claimed = _run_one(store)
     lease = store.client.zscore(store.keys.leases, claimed.job.id)
     report = store.upsert(_job(interval_s=10))
     assert report.rescheduled == 0
@@ -598,12 +771,17 @@ def test_every_time_comes_from_redis_time(store: Store, monkeypatch: pytest.Monk
         store.client.zadd(store.keys.schedule, {job.id: redis_ms() + 2_000}, xx=True)
         assert store.claim().jobs == []
         store.client.zadd(store.keys.schedule, {job.id: redis_ms() - 1}, xx=True)
-        batch = store.claim(lease_s=30)
+        batch = store.claim()
         assert [c.job.id for c in batch.jobs] == [job.id]
         assert abs(batch.now_ms - redis_ms()) < 50
-        assert store.client.zscore(store.keys.leases, job.id) == batch.now_ms + 30_000
+        delivery_ms = store.settings.delivery_timeout_s * 1000
+        assert store.client.zscore(store.keys.queued, job.id) == batch.now_ms + delivery_ms
         assert abs(store.now_ms() - redis_ms()) < 50
         claimed = batch.jobs[0]
+        started = store.start(job.id, claimed.occurrence, claimed.attempt)
+        assert started.now_ms is not None and abs(started.now_ms - redis_ms()) < 50
+        lease = store.client.zscore(store.keys.leases, job.id)
+        assert lease == started.now_ms + store.settings.lease_s * 1000
         res = store.settle(job.id, claimed.occurrence, claimed.attempt, "complete")
         assert res.now_ms is not None and abs(res.now_ms - redis_ms()) < 50
         assert res.next_due_ms is not None

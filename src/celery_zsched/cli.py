@@ -57,8 +57,9 @@ _OPTION_OF = {
 }
 # Readable names of the compact runtime state fields the Lua scripts keep.
 _STATE_NAMES = {
-    "s": "status", "o": "occurrence_ms", "a": "attempt", "d": "deliveries", "due": "due_ms",
-    "p": "promoted_ms", "n": "next_due_ms", "r": "runs", "f": "failures",
+    "s": "status", "o": "occurrence_ms", "a": "attempt", "d": "crashed_executions",
+    "x": "publishes", "due": "due_ms", "p": "promoted_ms", "sa": "started_ms",
+    "n": "next_due_ms", "r": "runs", "f": "failures",
     "c": "consecutive_failures", "e": "last_error", "ls": "last_outcome",
     "l": "last_settled_ms", "g": "timing_signature",
 }

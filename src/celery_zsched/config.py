@@ -32,8 +32,15 @@ class Settings:
     key_prefix: str = DEFAULT_PREFIX
     #: Most jobs one claim takes (and one publish batch sends).
     batch_size: int = 1000
-    #: Seconds a promoted job stays in flight before it is reaped and redelivered.
-    lease_s: float = 300.0
+    #: Execution lease: seconds a started task may go without a worker heartbeat
+    #: before it is presumed crashed and redelivered. Workers beat every third of it.
+    lease_s: float = 60.0
+    #: Delivery deadline: seconds a published message may wait unstarted while a
+    #: worker is alive before it is presumed lost by the broker and republished.
+    delivery_timeout_s: float = 7200.0
+    #: Most occurrences published and not yet started (backpressure); past it,
+    #: due jobs wait in the schedule, not in the broker. 0: 10 x batch_size.
+    max_queued: int = 0
     #: Default ``jitter_s`` of jobs that do not set their own.
     max_jitter_s: float = 0.0
     #: Interval of jobs that give no timing at all (for example a bare URL row).
@@ -46,7 +53,8 @@ class Settings:
     retry_base_s: float = 30.0
     #: Largest retry delay.
     retry_cap_s: float = 3600.0
-    #: Deliveries of one occurrence (lease expiries) before it is dead-lettered.
+    #: Crashed executions of one occurrence (execution leases that ended with no
+    #: settle) before it is dead-lettered. Waiting never counts.
     max_deliveries: int = 5
     #: Default ``misfire_grace_s``: skip a fire later than this. 0 never skips.
     misfire_grace_s: float = 0.0
@@ -58,6 +66,16 @@ class Settings:
     #: rows); 0 keeps it forever. Beat ignores it, but knows it, so the shared
     #: ``CELERY_ZSCHED_*`` namespace of a Django project never fails validation.
     history_days: int = 30
+
+    @property
+    def queued_bound(self) -> int:
+        """The backpressure bound in force (``max_queued``, or 10 x ``batch_size``)."""
+        return self.max_queued or 10 * self.batch_size
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often workers extend their execution leases: a third of the lease."""
+        return self.lease_s / 3
 
     @classmethod
     def names(cls) -> list[str]:
@@ -129,14 +147,16 @@ class Settings:
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the first bad value."""
-        positive = ("batch_size", "lease_s", "default_interval_s", "retry_base_s",
-                    "retry_cap_s", "max_deliveries", "events_maxlen", "import_chunk")
+        positive = ("batch_size", "lease_s", "delivery_timeout_s", "default_interval_s",
+                    "retry_base_s", "retry_cap_s", "max_deliveries", "events_maxlen",
+                    "import_chunk")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
                 )
-        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "history_days"):
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "history_days",
+                     "max_queued"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}"

@@ -38,9 +38,19 @@ class Keys:
         return self._k("schedule")
 
     @property
+    def queued(self) -> str:
+        """Sorted set: job id -> delivery deadline (ms) while published and not started."""
+        return self._k("queued")
+
+    @property
     def leases(self) -> str:
-        """Sorted set: job id -> lease deadline (ms) while in flight."""
+        """Sorted set: job id -> execution lease deadline (ms) while running."""
         return self._k("leases")
+
+    @property
+    def workers(self) -> str:
+        """Sorted set: worker name -> its last heartbeat (ms)."""
+        return self._k("workers")
 
     @property
     def state(self) -> str:
@@ -80,6 +90,7 @@ class Keys:
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
-            self.defs, self.schedule, self.leases, self.state, self.paused,
+            self.defs, self.schedule, self.queued, self.leases, self.state, self.paused,
             self.dead, self.static, self.events, self.counters, self.drain_cursor,
+            self.workers,
         ]

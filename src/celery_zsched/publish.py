@@ -28,7 +28,13 @@ def message_args(claimed: Claimed) -> tuple[list[Any], dict[str, Any]]:
 
 
 def routing_options(claimed: Claimed) -> dict[str, Any]:
-    """The job's queue, routing key, priority and expiry, as ``send_task`` options."""
+    """The job's queue, routing key and priority, as ``send_task`` options.
+
+    A job's ``expires_s`` is not among them: Celery would turn it into an
+    absolute time on beat's clock and compare it with the worker's, so skewed
+    hosts would discard every run. The worker's start checks it on Redis' clock
+    instead (the ``zsched_expires_ms`` header).
+    """
     job = claimed.job
     options: dict[str, Any] = {}
     if job.queue:
@@ -37,8 +43,6 @@ def routing_options(claimed: Claimed) -> dict[str, Any]:
         options["routing_key"] = job.routing_key
     if job.priority is not None:
         options["priority"] = job.priority
-    if job.expires_s is not None:
-        options["expires"] = job.expires_s
     return options
 
 
@@ -191,7 +195,7 @@ class _BatchSender:
         job = claimed.job
         args, kwargs = message_args(claimed)
         name = job.task
-        key = (name, job.queue, job.routing_key, job.priority, job.expires_s)
+        key = (name, job.queue, job.routing_key, job.priority)
         route = self.routes.get(key)
         if route is None:
             options = routing_options(claimed)

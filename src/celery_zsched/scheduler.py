@@ -40,6 +40,7 @@ class ZSchedScheduler(Scheduler):
         self._static_synced = False
         self._failures = 0
         self._next_reap_ms: int | None = 0
+        self._held_back = False
         # Redis clock at the last claim, and the monotonic clock then: enough to
         # know when a lease is due without asking Redis on every tick.
         self._clock = (0, 0.0)
@@ -100,8 +101,10 @@ class ZSchedScheduler(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Reap (when a lease is due), claim one batch, publish it.
 
-        Returns the seconds until the next due job or lease deadline, capped by
-        ``max_interval``; 0 when the batch was full and more may be due.
+        Returns the seconds until the next due job or deadline, capped by
+        ``max_interval``; 0 when the batch was full and more may be due. While
+        backpressure holds due jobs back (``queued_bound`` occurrences wait
+        unstarted), it polls every ``max_interval``: they wait in the schedule.
         """
         started = time.perf_counter()
         try:
@@ -121,10 +124,18 @@ class ZSchedScheduler(Scheduler):
                   reaped=reaped, tick_ms=round((time.perf_counter() - started) * 1000, 3))
         if len(batch.jobs) >= self.settings.batch_size:
             return 0.0
+        cap = float(self.max_interval or 1)
+        held = batch.room <= 0 and batch.next_due_ms is not None \
+            and batch.next_due_ms <= batch.now_ms
+        if held != self._held_back:
+            self._held_back = held
+            log_event("backpressure", logging.WARNING if held else logging.INFO, on=held,
+                      bound=self.settings.queued_bound)
+        if held:
+            return cap
         wake = [t for t in (batch.next_due_ms, batch.next_lease_ms) if t is not None]
         if not wake:
-            return float(self.max_interval or 1)
-        cap = float(self.max_interval or 1)
+            return cap
         wait: float = (min(wake) - batch.now_ms) / 1000.0
         return max(0.0, min(wait, cap))
 
@@ -133,10 +144,13 @@ class ZSchedScheduler(Scheduler):
         estimate = redis_ms + (time.monotonic() - mono) * 1000
         if self._next_reap_ms is None or self._next_reap_ms > estimate:
             return 0
-        redelivered, dead, ids = self.store.reap(self.settings.batch_size)
-        if redelivered or dead:
-            log_event("reaped", logging.WARNING, redelivered=redelivered, dead=dead, ids=ids[:20])
-        return redelivered + dead
+        res = self.store.reap(self.settings.batch_size)
+        if res.total or res.converted:
+            log_event("reaped", logging.WARNING, redelivered=res.redelivered, dead=res.dead,
+                      lost=res.lost, converted=res.converted, ids=list(res.ids[:20]))
+        elif res.held:
+            log_event("delivery_held", logging.INFO, held=res.held)
+        return res.total
 
     def _backoff(self) -> float:
         self._failures += 1
@@ -151,8 +165,8 @@ class ZSchedScheduler(Scheduler):
         for claimed in jobs:
             grace = claimed.job.misfire_grace_ms(self.settings)
             late = claimed.promoted_ms - claimed.due_ms
-            # Only a first fire can misfire: a retry, or a redelivery of an
-            # occurrence whose lease ran out, must run (nothing lost in a crash).
+            # Only a first fire can misfire: a retry, or a redelivery of a
+            # crashed or lost occurrence, must run (nothing lost in a crash).
             if grace and late > grace and claimed.attempt == 1 and claimed.deliveries == 1:
                 self.store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "skip",
                                   event={"lateness_ms": late})

@@ -26,7 +26,8 @@ R = TypeVar("R")
 
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
 TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
-_SCRIPTS = ("upsert", "claim", "settle", "reap", "extend", "release", "control")
+_SCRIPTS = ("upsert", "claim", "start", "heartbeat", "retrying", "settle", "reap", "release",
+            "control")
 #: Status label of a settle that does not retry.
 _LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
 
@@ -59,6 +60,11 @@ def _time_ms(reply: Sequence[Any]) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
+def _first_score(*scores: float | None) -> int | None:
+    """The first score that is set, as int ms (a job is in at most one of the sets)."""
+    return next((int(x) for x in scores if x is not None), None)
+
+
 @dataclass(frozen=True)
 class Claimed:
     """One claimed occurrence, ready to publish."""
@@ -66,6 +72,7 @@ class Claimed:
     job: Job
     occurrence: int
     attempt: int
+    #: How many times this occurrence and attempt has been published (1 = first).
     deliveries: int
     due_ms: int
     promoted_ms: int
@@ -77,13 +84,17 @@ class Claimed:
 
     def headers(self) -> dict[str, Any]:
         """Message headers that let the worker settle this occurrence."""
-        return {
+        headers: dict[str, Any] = {
             "zsched_job_id": self.job.id,
             "zsched_occurrence": self.occurrence,
             "zsched_attempt": self.attempt,
             "zsched_due_ms": self.due_ms,
             "zsched_promoted_ms": self.promoted_ms,
         }
+        if self.job.expires_s is not None:
+            # Checked by the worker's start against Redis' clock, never a host's.
+            headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
+        return headers
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,11 @@ class ClaimBatch:
 
     now_ms: int
     next_due_ms: int | None
+    #: The earliest delivery deadline or execution lease deadline.
     next_lease_ms: int | None
     jobs: list[Claimed]
+    #: Occurrences that may still be queued before backpressure holds jobs back.
+    room: int = 1
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,7 @@ class JobInfo:
     job: Job
     status: str
     due_ms: int | None
+    #: Execution lease deadline while running, delivery deadline while queued.
     lease_until_ms: int | None
     paused: bool
     state: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +137,50 @@ class ImportReport:
     updated: int = 0
     rescheduled: int = 0
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What a worker's start found: ``status`` is ``ok`` only for the one delivery that runs.
+
+    ``expired`` means the message waited longer than the job's ``expires_s``
+    (on Redis' clock); ``duplicate`` that the occurrence is running or settled
+    already; ``stale`` that it is not the job's current occurrence; ``gone``
+    that the job and its state no longer exist.
+    """
+
+    status: str
+    now_ms: int | None = None
+    due_ms: int | None = None
+    promoted_ms: int | None = None
+    found: str = ""
+
+    @property
+    def runs(self) -> bool:
+        """Whether this delivery runs the task."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one reap did."""
+
+    #: Executions whose lease ended with no heartbeat, made due again.
+    redelivered: int = 0
+    #: Occurrences dead-lettered after ``max_deliveries`` crashes.
+    dead: int = 0
+    #: Messages presumed lost by the broker (a worker was alive), republished.
+    lost: int = 0
+    #: Messages past their delivery deadline while no worker was alive: kept waiting.
+    held: int = 0
+    #: Entries promoted before execution leases existed, converted to queued.
+    converted: int = 0
+    ids: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        """Occurrences that went back to the schedule or died."""
+        return self.redelivered + self.dead + self.lost
 
 
 @dataclass(frozen=True)
@@ -231,12 +290,15 @@ class Store:
     @_unavailable
     def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
                     total: int | None = None,
-                    progress: Callable[[int], None] | None = None) -> ImportReport:
+                    progress: Callable[[int], None] | None = None,
+                    first_due: dict[str, int | None] | None = None) -> ImportReport:
         """Store many jobs, pipelined in chunks; new jobs' first runs are staggered.
 
         Job ``i`` of ``total`` first runs at ``now + i/total * interval + jitter``,
         so an import spreads evenly over each job's interval. Jobs that already
         exist keep their schedule (ZADD NX) unless their timing changed.
+        ``first_due`` (id -> epoch ms, ``None`` = never runs) overrides the first
+        run of the jobs it names, e.g. to continue another scheduler's timeline.
         """
         if total is None:
             jobs = list(jobs)
@@ -246,12 +308,15 @@ class Store:
         report = ImportReport(total=total)
         chunk: list[str] = ["1" if static else "0"]
         keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
-                self.keys.paused, self.keys.static)
+                self.keys.paused, self.keys.static, self.keys.queued)
         done = 0
         with _ScriptStream(self.client, self._scripts["upsert"], keys) as stream:
             for index, job in enumerate(jobs):
                 phase = index / total if stagger and total else 0.0
-                due = job.first_due_ms(now, self.settings, self.rng, phase)
+                if first_due is not None and job.id in first_due:
+                    due = first_due[job.id]
+                else:
+                    due = job.first_due_ms(now, self.settings, self.rng, phase)
                 chunk += [job.id, job.to_json(), "" if due is None else str(due),
                           "1" if job.enabled else "0", job.timing_signature]
                 if len(chunk) > 5 * self.settings.import_chunk:
@@ -290,7 +355,7 @@ class Store:
         for i, job_id in enumerate(ids):
             args += [job_id, dues[i] if dues else 0]
         keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
-                self.keys.paused, self.keys.dead, self.keys.static)
+                self.keys.paused, self.keys.dead, self.keys.static, self.keys.queued)
         changed, missing = 0, []
         pipe = self.client.pipeline(transaction=False)
         for start in range(0, max(1, len(ids)), self.settings.import_chunk):
@@ -346,19 +411,20 @@ class Store:
 
     @_unavailable
     def get_many(self, ids: Sequence[str]) -> list[JobInfo | None]:
-        """Many jobs in one round trip of five commands, ``None`` for ids that do not exist."""
+        """Many jobs in one round trip of six commands, ``None`` for ids that do not exist."""
         if not ids:
             return []
         ids = list(ids)
-        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at five commands however
+        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at six commands however
         # many ids a page or a bulk action asks for.
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(self.keys.defs, ids)
         pipe.hmget(self.keys.state, ids)
         pipe.zmscore(self.keys.schedule, ids)
         pipe.zmscore(self.keys.leases, ids)
+        pipe.zmscore(self.keys.queued, ids)
         pipe.smismember(self.keys.paused, ids)
-        defs, states, dues, leases, paused = pipe.execute()
+        defs, states, dues, leases, queued, paused = pipe.execute()
         out: list[JobInfo | None] = []
         for i, raw in enumerate(defs):
             if raw is None:
@@ -368,7 +434,7 @@ class Store:
             out.append(JobInfo(
                 job=Job.from_json(raw), status=state.get("s", "scheduled"),
                 due_ms=int(dues[i]) if dues[i] is not None else None,
-                lease_until_ms=int(leases[i]) if leases[i] is not None else None,
+                lease_until_ms=_first_score(leases[i], queued[i]),
                 paused=bool(paused[i]), state=state))
         return out
 
@@ -406,6 +472,7 @@ class Store:
         pipe = self.client.pipeline(transaction=False)
         pipe.hlen(self.keys.defs)
         pipe.zcard(self.keys.schedule)
+        pipe.zcard(self.keys.queued)
         pipe.zcard(self.keys.leases)
         pipe.scard(self.keys.paused)
         pipe.zcard(self.keys.dead)
@@ -413,56 +480,112 @@ class Store:
         pipe.zcount(self.keys.schedule, "-inf", now + 60_000)
         pipe.zcount(self.keys.schedule, "-inf", now + 3_600_000)
         pipe.hgetall(self.keys.counters)
-        jobs, scheduled, in_flight, paused, dead, due, minute, hour, counters = pipe.execute()
-        out = {"jobs": jobs, "scheduled": scheduled, "in_flight": in_flight, "paused": paused,
+        (jobs, scheduled, queued, running, paused, dead, due, minute, hour,
+         counters) = pipe.execute()
+        out = {"jobs": jobs, "scheduled": scheduled, "in_flight": queued + running,
+               "queued": queued, "running": running, "paused": paused,
                "dead": dead, "due_now": due, "due_next_minute": minute, "due_next_hour": hour}
         out.update({f"total_{k}": int(v) for k, v in counters.items()})
         return out
 
     # ------------------------------------------------------------- hot path
     @_unavailable
-    def claim(self, limit: int | None = None, lease_s: float | None = None) -> ClaimBatch:
-        """Atomically lease up to ``limit`` due jobs (one round trip)."""
-        lease_ms = int((lease_s or self.settings.lease_s) * 1000)
-        keys = (self.keys.schedule, self.keys.leases, self.keys.state, self.keys.defs,
-                self.keys.counters)
-        res = self._run("claim", keys, [limit or self.settings.batch_size, lease_ms])
-        now, next_due, next_lease = int(res[0]), int(res[1]), int(res[2])
+    def claim(self, limit: int | None = None) -> ClaimBatch:
+        """Atomically take up to ``limit`` due jobs and mark them queued (one round trip).
+
+        Fewer are taken when the backpressure bound (``queued_bound``) is near.
+        """
+        keys = (self.keys.schedule, self.keys.queued, self.keys.leases, self.keys.state,
+                self.keys.defs, self.keys.counters)
+        res = self._run("claim", keys, [limit or self.settings.batch_size,
+                                        int(self.settings.delivery_timeout_s * 1000),
+                                        self.settings.queued_bound])
+        now, next_due, next_lease, room = int(res[0]), int(res[1]), int(res[2]), int(res[3])
         jobs = [
             Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
                     int(res[i + 4]), int(res[i + 5]), now)
-            for i in range(3, len(res), 6)
+            for i in range(4, len(res), 6)
         ]
         return ClaimBatch(now, next_due if next_due >= 0 else None,
-                          next_lease if next_lease >= 0 else None, jobs)
+                          next_lease if next_lease >= 0 else None, jobs, room)
 
     @_unavailable
     def release(self, claimed: Sequence[Claimed]) -> int:
-        """Return claimed-but-unpublished jobs to the schedule without counting a delivery."""
+        """Return claimed-but-unpublished jobs to the schedule without counting a publish."""
         args: list[Any] = []
         for c in claimed:
             args += [c.job.id, c.occurrence, c.attempt]
         if not args:
             return 0
-        return int(self._run("release", (self.keys.leases, self.keys.schedule, self.keys.state),
+        return int(self._run("release", (self.keys.queued, self.keys.schedule, self.keys.state),
                              args))
 
     @_unavailable
-    def reap(self, limit: int | None = None,
-             max_deliveries: int | None = None) -> tuple[int, int, list[str]]:
-        """Redeliver expired leases: (redelivered, dead-lettered, ids)."""
-        keys = (self.keys.leases, self.keys.schedule, self.keys.state, self.keys.dead,
-                self.keys.defs, self.keys.counters)
-        res = self._run("reap", keys, [limit or self.settings.batch_size,
-                                       max_deliveries or self.settings.max_deliveries])
-        return int(res[0]), int(res[1]), list(res[2:])
+    def start(self, job_id: str, occurrence: int, attempt: int,
+              expires_ms: int | None = None) -> StartResult:
+        """Mark a delivered occurrence running (compare-and-set) and start its execution lease.
+
+        Only one delivery of an occurrence and attempt gets ``runs``; the worker
+        must keep the lease alive with :meth:`heartbeat` while the task runs.
+        """
+        keys = (self.keys.state, self.keys.queued, self.keys.leases, self.keys.schedule,
+                self.keys.counters)
+        res = self._run("start", keys, [job_id, occurrence, attempt,
+                                        int(self.settings.lease_s * 1000),
+                                        "" if expires_ms is None else expires_ms])
+        status = str(res[0])
+        if status == "ok":
+            return StartResult(status, int(res[1]), int(res[2]), int(res[3]))
+        if status == "expired":
+            return StartResult(status, int(res[1]), None, int(res[2]))
+        return StartResult(status, found=str(res[1]) if len(res) > 1 else "")
 
     @_unavailable
-    def extend(self, job_id: str, occurrence: int, attempt: int, seconds: float) -> bool:
-        """Push back an in-flight occurrence's lease to now + ``seconds``."""
-        res = self._run("extend", (self.keys.leases, self.keys.state),
-                        [job_id, occurrence, attempt, int(seconds * 1000)])
+    def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "") -> list[str]:
+        """Extend the execution leases of ``running`` (id, occurrence, attempt) triples.
+
+        ``worker``, when given, is recorded as alive. Returns the ids that are no
+        longer running (settled, reaped or superseded): stop beating for them.
+        """
+        args: list[Any] = [int(self.settings.lease_s * 1000), worker]
+        for job_id, occurrence, attempt in running:
+            args += [job_id, occurrence, attempt]
+        res = self._run("heartbeat", (self.keys.leases, self.keys.state, self.keys.workers),
+                        args)
+        return [str(i) for i in res]
+
+    @_unavailable
+    def forget_worker(self, worker: str) -> None:
+        """Drop a worker that shut down cleanly from the live workers."""
+        self.client.zrem(self.keys.workers, worker)
+
+    @_unavailable
+    def retrying(self, job_id: str, occurrence: int, attempt: int, countdown_s: float) -> bool:
+        """A running task retries through Celery's ``Task.retry``: it is queued again.
+
+        Its retry message then starts like any first delivery, under a delivery
+        deadline of ``countdown_s`` plus ``delivery_timeout_s``.
+        """
+        deadline = int((countdown_s + self.settings.delivery_timeout_s) * 1000)
+        res = self._run("retrying", (self.keys.leases, self.keys.queued, self.keys.state),
+                        [job_id, occurrence, attempt, deadline])
         return bool(res)
+
+    @_unavailable
+    def reap(self, limit: int | None = None, max_deliveries: int | None = None) -> ReapResult:
+        """Redeliver crashed executions and lost messages; hold back ones that only wait."""
+        keys = (self.keys.leases, self.keys.queued, self.keys.schedule, self.keys.state,
+                self.keys.dead, self.keys.defs, self.keys.counters, self.keys.workers)
+        res = self._run("reap", keys, [
+            limit or self.settings.batch_size,
+            max_deliveries or self.settings.max_deliveries,
+            int(self.settings.delivery_timeout_s * 1000),
+            # Three missed heartbeats and a worker is presumed gone.
+            int(self.settings.heartbeat_s * 3000),
+        ])
+        redelivered, dead, lost, held, converted = (int(n) for n in res[:5])
+        return ReapResult(redelivered, dead, lost, held, converted,
+                          ids=tuple(str(i) for i in res[5:]))
 
     @_unavailable
     def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
@@ -476,7 +599,7 @@ class Store:
         if outcome not in ("complete", "error", "skip"):
             raise ValueError(f"unknown outcome {outcome!r}")
         keys = (self.keys.schedule, self.keys.leases, self.keys.state, self.keys.defs,
-                self.keys.paused, self.keys.events, self.keys.counters)
+                self.keys.paused, self.keys.events, self.keys.counters, self.keys.queued)
         for _ in range(5):
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(self.keys.defs, job_id)

@@ -6,19 +6,31 @@ Install them with one line in the module that defines your Celery app::
 
 (or call :func:`install`). Tasks need no decorator: any task published by the
 zsched scheduler carries headers naming its job, occurrence and attempt.
+
+When a worker starts such a task, one compare-and-set marks the occurrence
+running (``Store.start``) from Celery's ``Task.before_start`` hook, which the
+worker installs on every task at ``worker_init``. A delivery that finds it
+running or settled already is dropped (``Ignore``) without running the body.
+While the task runs, this process's :class:`~celery_zsched.heartbeat.Heartbeat`
+keeps its execution lease alive.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app, current_task, signals
+from celery.exceptions import Ignore
 
 from .appstore import store_for_app
 from .errors import StoreUnavailable
+from .heartbeat import heartbeat_for
+from .store import StartResult, Store
 from .telemetry import log_event
 
 logger = logging.getLogger("celery_zsched")
@@ -37,6 +49,7 @@ class Occurrence:
     attempt: int
     due_ms: int
     promoted_ms: int
+    expires_ms: int | None = None
 
 
 def occurrence_of(headers: Any) -> Occurrence | None:
@@ -48,8 +61,10 @@ def occurrence_of(headers: Any) -> Occurrence | None:
     job_id = get("zsched_job_id")
     if not job_id:
         return None
+    expires = get("zsched_expires_ms")
     return Occurrence(str(job_id), int(get("zsched_occurrence")), int(get("zsched_attempt")),
-                      int(get("zsched_due_ms") or 0), int(get("zsched_promoted_ms") or 0))
+                      int(get("zsched_due_ms") or 0), int(get("zsched_promoted_ms") or 0),
+                      int(expires) if expires is not None else None)
 
 
 def _from_request(request: Any) -> Occurrence | None:
@@ -76,34 +91,48 @@ def report(outcome: str = "error", *, error: str = "", retry_after: float | None
     request.zsched_outcome = (outcome, error, retry_after)
 
 
-def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error: str = "",
-            retry_after: float | None = None, task_id: str | None = None) -> None:
-    finished = time.time() * 1000
-    started = getattr(request, "zsched_started_ms", None) if request is not None else None
-    timings = {
-        "task_id": task_id, "due_ms": occ.due_ms, "promoted_ms": occ.promoted_ms,
-        "lateness_ms": occ.promoted_ms - occ.due_ms,
-        "started_ms": int(started) if started else None, "finished_ms": int(finished),
-        "wait_ms": int(started - occ.promoted_ms) if started else None,
-        "duration_ms": int(finished - started) if started else None,
-    }
-    store = store_for_app(app)
-    deadline = time.monotonic() + SETTLE_RETRY_S
+def _with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
+                  patience_s: float) -> Any:
+    """``call()``, retried with backoff while Redis is unreachable, for ``patience_s`` at most."""
+    deadline = time.monotonic() + patience_s
     delay = 0.2
     while True:
         try:
-            result = store.settle(occ.job_id, occ.occurrence, occ.attempt, outcome,
-                                  error=error, retry_after_s=retry_after, event=timings)
-            break
+            return call()
         except StoreUnavailable as exc:
             if time.monotonic() + delay > deadline:
-                logger.error("zsched: giving up settling %s (%s); its lease will expire and "
-                             "the occurrence will be redelivered", occ.job_id, exc)
-                return
-            logger.warning("zsched: settle of %s failed (%s); retrying in %.1fs",
-                           occ.job_id, exc, delay)
+                raise
+            logger.warning("zsched: %s of %s failed (%s); retrying in %.1fs",
+                           what, occ.job_id, exc, delay)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error: str = "",
+            retry_after: float | None = None, task_id: str | None = None) -> None:
+    # Start and promotion are read on Redis' clock; the duration on this host's
+    # monotonic clock. So wait_ms and duration_ms never mix two hosts' clocks.
+    started = getattr(request, "zsched_started_ms", None) if request is not None else None
+    mono = getattr(request, "zsched_started_mono", None) if request is not None else None
+    duration = int((time.monotonic() - mono) * 1000) if mono is not None else None
+    timings = {
+        "task_id": task_id, "due_ms": occ.due_ms, "promoted_ms": occ.promoted_ms,
+        "lateness_ms": occ.promoted_ms - occ.due_ms,
+        "started_ms": int(started) if started else None,
+        "finished_ms": int(started + duration) if started and duration is not None else None,
+        "wait_ms": int(started - occ.promoted_ms) if started else None,
+        "duration_ms": duration,
+    }
+    store = store_for_app(app)
+    heartbeat_for(app, store).untrack(occ.job_id, occ.occurrence, occ.attempt)
+    try:
+        result = _with_retries("settle", occ, lambda: store.settle(
+            occ.job_id, occ.occurrence, occ.attempt, outcome, error=error,
+            retry_after_s=retry_after, event=timings), SETTLE_RETRY_S)
+    except StoreUnavailable as exc:
+        logger.error("zsched: giving up settling %s (%s); its lease will expire and "
+                     "the occurrence will be redelivered", occ.job_id, exc)
+        return
     event = "job_complete" if outcome == "complete" else "job_error"
     log_event(event, logging.INFO if outcome == "complete" else logging.WARNING,
               job_id=occ.job_id, occurrence=occ.occurrence, attempt=occ.attempt,
@@ -116,9 +145,104 @@ def _app_of(sender: Any) -> Any:
     return getattr(sender, "app", None) or current_app
 
 
+#: How long a start keeps retrying while Redis is unreachable before the
+#: message is handed back to the broker (Celery retry) for later.
+START_RETRY_S = 5.0
+#: Countdown of that Celery retry.
+START_REQUEUE_S = 10.0
+
+
+def start_occurrence(task: Any) -> None:
+    """Mark the delivered occurrence running, or drop this delivery.
+
+    Called from ``before_start`` in the process that runs the task. Raises
+    ``Ignore`` (the body does not run, no settle) for a duplicate delivery,
+    and for an occurrence that expired, which is settled as an error first.
+    """
+    request = task.request
+    occ = _from_request(request)
+    if occ is None or getattr(request, "zsched_start", None) is not None:
+        return
+    store = store_for_app(task.app)
+    try:
+        result: StartResult = _with_retries("start", occ, lambda: store.start(
+            occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms), START_RETRY_S)
+    except StoreUnavailable as exc:
+        # Without a start the run is not protected against a duplicate: hand the
+        # message back to the broker (same task id) and try again later.
+        logger.warning("zsched: cannot start %s (%s); requeued in %.0fs",
+                       occ.job_id, exc, START_REQUEUE_S)
+        raise task.retry(countdown=START_REQUEUE_S, max_retries=None) from exc
+    request.zsched_start = result
+    if result.status == "ok":
+        request.zsched_started_ms = result.now_ms
+        request.zsched_started_mono = time.monotonic()
+        heartbeat_for(task.app, store).track(occ.job_id, occ.occurrence, occ.attempt)
+        return
+    if result.status == "expired":
+        log_event("job_expired", logging.WARNING, job_id=occ.job_id, occurrence=occ.occurrence,
+                  attempt=occ.attempt, waited_ms=(result.now_ms or 0) - occ.promoted_ms)
+        _settle(task.app, occ, "error", None, "expired", None, request.id)
+    else:
+        log_event("job_duplicate_dropped", logging.WARNING, job_id=occ.job_id,
+                  occurrence=occ.occurrence, attempt=occ.attempt, task_id=request.id,
+                  found=result.status, status=result.found or None)
+    raise Ignore()
+
+
+def _zsched_before_start(original: Callable[..., Any]) -> Callable[..., Any]:
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        start_occurrence(self)
+        return original(self, task_id, args, kwargs)
+    before_start.zsched = True  # type: ignore[attr-defined]
+    return before_start
+
+
+def install_start(app: Any) -> None:
+    """Install the start compare-and-set on every task of ``app`` (idempotent).
+
+    Celery calls ``Task.before_start`` right before the body, in the process
+    that runs it, and an ``Ignore`` raised there skips the body. The app's base
+    task class is patched first, so tasks registered later inherit it; a task
+    class with its own ``before_start`` keeps it, called after the start.
+    """
+    classes = [app.Task, *(type(task) for task in app.tasks.values())]
+    for cls in classes:
+        current = cls.before_start
+        if not getattr(current, "zsched", False):
+            cls.before_start = _zsched_before_start(current)
+
+
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Install the start hook before the worker builds its task tracers."""
+    install_start(_app_of(sender))
+
+
+def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Announce this worker as alive for as long as it runs."""
+    app = _app_of(sender)
+    name = f"{getattr(sender, 'hostname', None) or 'worker'}:{os.getpid()}"
+    try:
+        heartbeat_for(app, store_for_app(app)).announce(name)
+    except StoreUnavailable as exc:  # the heartbeat thread keeps trying
+        logger.warning("zsched: cannot announce worker %s yet: %s", name, exc)
+
+
+def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    """A clean shutdown: stop announcing the worker (running leases are still kept)."""
+    app = _app_of(sender)
+    heartbeat_for(app, store_for_app(app)).retire()
+
+
 def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
-    """Record when the task started (for wait_ms and duration_ms)."""
-    if task is not None and _from_request(task.request) is not None:
+    """Record a start time on this host's clock; ``before_start`` replaces it with Redis'.
+
+    It stays only for a task whose class got no ``before_start`` hook (one
+    registered after the worker started): that task runs without a start.
+    """
+    if task is not None and getattr(task.request, "zsched_start", None) is None \
+            and _from_request(task.request) is not None:
+        task.request.zsched_started_mono = time.monotonic()
         task.request.zsched_started_ms = time.time() * 1000
 
 
@@ -146,7 +270,7 @@ def on_failure(sender: Any = None, task_id: str | None = None,
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
-    """A Celery retry is not an outcome yet: extend the lease past its countdown."""
+    """A Celery retry is not an outcome yet: the occurrence is queued again for the retry."""
     occ = _from_request(request)
     if occ is None:
         return
@@ -156,11 +280,13 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
         countdown = float(when)
     elif when is not None and hasattr(when, "timestamp"):
         countdown = max(0.0, when.timestamp() - time.time())
-    store = store_for_app(_app_of(sender))
+    app = _app_of(sender)
+    store: Store = store_for_app(app)
+    heartbeat_for(app, store).untrack(occ.job_id, occ.occurrence, occ.attempt)
     try:
-        store.extend(occ.job_id, occ.occurrence, occ.attempt, countdown + store.settings.lease_s)
+        store.retrying(occ.job_id, occ.occurrence, occ.attempt, countdown)
     except StoreUnavailable as exc:
-        logger.warning("zsched: could not extend the lease of %s: %s", occ.job_id, exc)
+        logger.warning("zsched: could not requeue %s for its retry: %s", occ.job_id, exc)
     log_event("job_retry", job_id=occ.job_id, occurrence=occ.occurrence, countdown_s=countdown)
 
 
@@ -184,6 +310,10 @@ def on_rejected(message: Any = None, exc: Any = None, **_: Any) -> None:
 
 def install() -> None:
     """Connect the handlers (idempotent). Importing this module already does."""
+    signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid=_UID + ".init")
+    signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=_UID + ".ready")
+    signals.worker_shutdown.connect(on_worker_shutdown, weak=False,
+                                    dispatch_uid=_UID + ".shutdown")
     signals.task_prerun.connect(on_prerun, weak=False, dispatch_uid=_UID + ".prerun")
     signals.task_success.connect(on_success, weak=False, dispatch_uid=_UID + ".success")
     signals.task_failure.connect(on_failure, weak=False, dispatch_uid=_UID + ".failure")

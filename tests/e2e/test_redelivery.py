@@ -26,15 +26,15 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_lease_with_the_same_
     first_worker = d.start_worker("worker1")
 
     first = d.wait_for(lambda: target.hits(path), 30, "the first delivery to reach /slow")[0]
-    leased = d.info(job.id)
-    assert leased.status == "leased", leased.state
-    occurrence, attempt = leased.state["o"], leased.state["a"]
+    running = d.info(job.id)
+    assert running.status == "running", running.state
+    occurrence, attempt = running.state["o"], running.state["a"]
     assert first.task_id == task_id_for(job.id, occurrence, attempt)
     first_worker.kill()
 
     d.start_worker("worker2")
     d.wait_for(lambda: len(target.hits(path)) >= 2, 30, "the redelivery to reach /slow")
-    info = d.wait_info(job.id, lambda i: i.status != "leased", 15,
+    info = d.wait_info(job.id, lambda i: i.status not in ("queued", "running"), 15,
                        "the redelivered occurrence to settle")
 
     second = target.hits(path)[1]
@@ -53,10 +53,10 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_lease_with_the_same_
     assert len(target.hits(path)) == 2
 
 
-def test_a_celery_retry_extends_the_lease_and_settles_once_without_a_redelivery(
+def test_a_celery_retry_is_queued_again_and_settles_once_without_a_redelivery(
         deploy: Callable[..., Deployment], target: TargetServer) -> None:
-    # The 3 s countdown outlasts the 1.5 s lease: only the lease extension made on
-    # task_retry (to countdown + lease) keeps beat from reaping and redelivering.
+    # The 3 s countdown outlasts the 1.5 s execution lease: the occurrence goes back
+    # to queued on task_retry, so beat does not reap it, and the retry's start runs.
     d = deploy(lease_s=1.5)
     path = "/ok/celery-retry"
     job = d.job(url=target.url(path), interval_s=3600, meta={"celery_retry_s": 3})
@@ -66,7 +66,7 @@ def test_a_celery_retry_extends_the_lease_and_settles_once_without_a_redelivery(
     beat = d.start_beat()
 
     d.wait_for(lambda: len(target.hits(path)) >= 2, 30, "the try and its Celery retry")
-    info = d.wait_info(job.id, lambda i: i.status != "leased", 10,
+    info = d.wait_info(job.id, lambda i: i.status not in ("queued", "running"), 10,
                        "the retried task to settle")
 
     tried, retried = target.hits(path)
@@ -94,7 +94,7 @@ def test_a_message_expired_before_any_worker_took_it_settles_as_an_error(
     d.wait_for(lambda: time.monotonic() - published > 1.5, 5, "the first message to expire")
     d.start_worker()
 
-    info = d.wait_info(job.id, lambda i: i.status != "leased", 30, "the expiry to settle")
+    info = d.wait_info(job.id, lambda i: i.status not in ("queued", "running"), 30, "the expiry to settle")
     d.wait_info(later.id, lambda i: i.state.get("r") == 1, 30, "the control job to run")
 
     assert target.hits(path) == [] and len(target.hits(control)) == 1

@@ -7,17 +7,18 @@
 --
 -- KEYS[1] defs      hash  id -> definition JSON
 -- KEYS[2] schedule  zset  id -> due ms
--- KEYS[3] leases    zset  id -> lease deadline ms
+-- KEYS[3] leases    zset  id -> execution lease deadline ms
 -- KEYS[4] state     hash  id -> runtime state (cjson)
 -- KEYS[5] paused    set   paused ids
 -- KEYS[6] dead      zset  dead-lettered ids
 -- KEYS[7] static    set   ids from beat_schedule
+-- KEYS[8] queued    zset  id -> delivery deadline ms
 -- ARGV[1] operation: pause | resume | run_now | delete | reset
 -- ARGV[2..] groups of 2: id, due ms (resume: the next run, "" once the job has
 --           ended; others ignore it)
 -- Returns {changed, then the ids that were not found}
-local defs, schedule, leases, state, paused, dead, static =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local defs, schedule, leases, state, paused, dead, static, queued =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local op = ARGV[1]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -30,7 +31,7 @@ for i = 2, #ARGV, 2 do
   else
     local raw = redis.call("HGET", state, id)
     local st = raw and cjson.decode(raw) or {o = now, a = 1, d = 0, r = 0, f = 0, c = 0}
-    local in_flight = redis.call("ZSCORE", leases, id)
+    local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
     local changed = false
     if op == "delete" then
       redis.call("HDEL", defs, id)
@@ -52,7 +53,7 @@ for i = 2, #ARGV, 2 do
           st.s = "finished"
         else
           redis.call("ZADD", schedule, ARGV[i + 1], id)
-          st.o, st.a, st.d, st.s = tonumber(ARGV[i + 1]), 1, 0, "scheduled"
+          st.o, st.a, st.d, st.x, st.s = tonumber(ARGV[i + 1]), 1, 0, 0, "scheduled"
         end
         changed = true
       end
@@ -60,7 +61,7 @@ for i = 2, #ARGV, 2 do
       if not in_flight then
         redis.call("ZREM", dead, id)
         redis.call("ZADD", schedule, now, id)
-        st.o, st.a, st.d, st.s = now, 1, 0, "scheduled"
+        st.o, st.a, st.d, st.x, st.s = now, 1, 0, 0, "scheduled"
         changed = true
       end
     elseif op == "reset" then
@@ -71,7 +72,7 @@ for i = 2, #ARGV, 2 do
           st.s = "paused"
         else
           redis.call("ZADD", schedule, now, id)
-          st.o, st.a, st.d, st.s = now, 1, 0, "scheduled"
+          st.o, st.a, st.d, st.x, st.s = now, 1, 0, 0, "scheduled"
         end
       end
       changed = true

@@ -1,45 +1,96 @@
--- reap.lua: return jobs whose lease ended with no settle to the schedule.
+-- reap.lua: recover occurrences whose worker died, or whose message was lost.
 --
--- The same occurrence and attempt become due again at their original due
--- time, so the redelivery carries the same deterministic task id. A job
--- already delivered max_deliveries times is dead-lettered instead.
+-- Two deadlines, two meanings:
+--   * an execution lease that ended with no heartbeat means the worker died
+--     mid-task: the same occurrence and attempt become due again (same task
+--     id) and one crash is counted; after max_deliveries crashes the job is
+--     dead-lettered;
+--   * a delivery deadline that passed means the message never started. If a
+--     worker is alive, the broker lost it: it is republished (same task id),
+--     and no crash is counted. If no worker is alive, it is only waiting: its
+--     deadline is pushed back and nothing is republished, so a worker outage
+--     of any length never adds a message nor dead-letters anything.
+-- Entries with the status "leased" predate execution leases (they were
+-- promoted under the old meaning); they are converted to queued, with a
+-- delivery deadline counted from their promotion.
 --
--- KEYS[1] leases    zset  id -> lease deadline ms
--- KEYS[2] schedule  zset  id -> due ms
--- KEYS[3] state     hash  id -> runtime state (cjson)
--- KEYS[4] dead      zset  id -> time of death ms
--- KEYS[5] defs      hash  id -> definition JSON
--- KEYS[6] counters  hash  global counters
--- ARGV[1] most leases to reap
--- ARGV[2] max deliveries of one occurrence
--- Returns {redelivered, dead-lettered, then the ids reaped}
-local leases, schedule, state, dead, defs, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- KEYS[1] leases    zset  id -> execution lease deadline ms
+-- KEYS[2] queued    zset  id -> delivery deadline ms
+-- KEYS[3] schedule  zset  id -> due ms
+-- KEYS[4] state     hash  id -> runtime state (cjson)
+-- KEYS[5] dead      zset  id -> time of death ms
+-- KEYS[6] defs      hash  id -> definition JSON
+-- KEYS[7] counters  hash  global counters
+-- KEYS[8] workers   zset  worker name -> last heartbeat ms
+-- ARGV[1] most entries to look at, per deadline kind
+-- ARGV[2] crashed executions of one occurrence before it is dead-lettered
+-- ARGV[3] delivery deadline, ms
+-- ARGV[4] a worker counts as alive this long after its last heartbeat, ms
+-- Returns {crashed and redelivered, dead-lettered, lost and republished,
+--          held back (no worker alive), converted from "leased", then the ids
+--          redelivered, dead-lettered or republished}
+local leases, queued, schedule, state, dead, defs, counters, workers =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local max_deliveries = tonumber(ARGV[2])
+local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
+local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = {0, 0, 0, 0, 0}
 
-local expired = redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, tonumber(ARGV[1]))
-local out = {0, 0}
-for _, id in ipairs(expired) do
-  redis.call("ZREM", leases, id)
+-- The state of a live job, or nil (forgetting the state of a deleted one).
+local function live_state(id)
   local raw = redis.call("HGET", state, id)
-  if raw and redis.call("HEXISTS", defs, id) == 1 then
-    local st = cjson.decode(raw)
-    if (st.d or 0) >= max_deliveries then
+  if raw and redis.call("HEXISTS", defs, id) == 1 then return cjson.decode(raw) end
+  if raw then redis.call("HDEL", state, id) end
+  return nil
+end
+
+local function reschedule(id, st)
+  st.s = "scheduled"
+  redis.call("ZADD", schedule, st.due or now, id)
+end
+
+for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, limit)) do
+  redis.call("ZREM", leases, id)
+  local st = live_state(id)
+  if st and st.s == "leased" then
+    st.s, st.d = "queued", 0
+    redis.call("ZADD", queued, (st.p or now) + delivery_ms, id)
+    redis.call("HSET", state, id, cjson.encode(st))
+    out[5] = out[5] + 1
+  elseif st and st.s == "running" then
+    st.d = (st.d or 0) + 1
+    if st.d >= max_deliveries then
       st.s = "dead"
       redis.call("ZADD", dead, now, id)
       out[2] = out[2] + 1
     else
-      st.s = "scheduled"
-      redis.call("ZADD", schedule, st.due or now, id)
+      reschedule(id, st)
       out[1] = out[1] + 1
     end
     redis.call("HSET", state, id, cjson.encode(st))
     out[#out + 1] = id
+  end
+end
+
+redis.call("ZREMRANGEBYSCORE", workers, "-inf", now - 10 * alive_ms)
+local alive = #redis.call("ZRANGEBYSCORE", workers, now - alive_ms, "+inf", "LIMIT", 0, 1) > 0
+for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0, limit)) do
+  local st = live_state(id)
+  if not st or (st.s ~= "queued" and st.s ~= "leased") then
+    redis.call("ZREM", queued, id)
+  elseif not alive then
+    redis.call("ZADD", queued, now + delivery_ms, id)
+    out[4] = out[4] + 1
   else
-    redis.call("HDEL", state, id)
+    redis.call("ZREM", queued, id)
+    reschedule(id, st)
+    redis.call("HSET", state, id, cjson.encode(st))
+    out[3] = out[3] + 1
+    out[#out + 1] = id
   end
 end
 if out[1] > 0 then redis.call("HINCRBY", counters, "redelivered", out[1]) end
 if out[2] > 0 then redis.call("HINCRBY", counters, "dead", out[2]) end
+if out[3] > 0 then redis.call("HINCRBY", counters, "lost", out[3]) end
 return out

@@ -1,23 +1,23 @@
 -- release.lua: give back claimed jobs that could not be published.
 --
 -- Each job returns to the schedule at its due time without counting a
--- delivery, so a broker outage delays jobs but never loses or kills them.
+-- publish, so a broker outage delays jobs but never loses or kills them.
 --
--- KEYS[1] leases    zset  id -> lease deadline ms
+-- KEYS[1] queued    zset  id -> delivery deadline ms
 -- KEYS[2] schedule  zset  id -> due ms
 -- KEYS[3] state     hash  id -> runtime state (cjson)
 -- ARGV    groups of 3: id, occurrence, attempt
 -- Returns the number released
-local leases, schedule, state = KEYS[1], KEYS[2], KEYS[3]
+local queued, schedule, state = KEYS[1], KEYS[2], KEYS[3]
 local released = 0
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]
   local raw = redis.call("HGET", state, id)
   if raw then
     local st = cjson.decode(raw)
-    if st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "leased"
-        and redis.call("ZREM", leases, id) == 1 then
-      st.s, st.d = "scheduled", math.max(0, (st.d or 1) - 1)
+    if st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "queued"
+        and redis.call("ZREM", queued, id) == 1 then
+      st.s, st.x = "scheduled", math.max(0, (st.x or 1) - 1)
       redis.call("ZADD", schedule, st.due or st.o, id)
       redis.call("HSET", state, id, cjson.encode(st))
       released = released + 1

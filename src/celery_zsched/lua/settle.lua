@@ -6,12 +6,13 @@
 -- for a paused job records the outcome but does not reschedule.
 --
 -- KEYS[1] schedule  zset   id -> due ms
--- KEYS[2] leases    zset   id -> lease deadline ms
+-- KEYS[2] leases    zset   id -> execution lease deadline ms
 -- KEYS[3] state     hash   id -> runtime state (cjson)
 -- KEYS[4] defs      hash   id -> definition JSON
 -- KEYS[5] paused    set    paused ids
 -- KEYS[6] events    stream settle events
 -- KEYS[7] counters  hash   global counters
+-- KEYS[8] queued    zset   id -> delivery deadline ms
 -- ARGV[1]  job id
 -- ARGV[2]  occurrence being settled
 -- ARGV[3]  attempt being settled
@@ -26,13 +27,15 @@
 -- ARGV[12] approximate cap of the events stream
 -- ARGV[13] event payload JSON (task id, timings)
 -- Returns {"ok", new status, now} | {"stale"} | {"changed"} | {"deleted"}
-local schedule, leases, state, defs, paused, events, counters =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local schedule, leases, state, defs, paused, events, counters, queued =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local id, occ, attempt, outcome, label = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local next_due = ARGV[6]
 
 local raw = redis.call("HGET", state, id)
 if not raw then return {"stale"} end
+-- A settle may come from a worker (running) or for an occurrence that never
+-- started (expired at start, revoked, rejected): both are current while queued.
 local st = cjson.decode(raw)
 if st.o ~= occ or st.a ~= attempt or st.s == "finished" or st.s == "dead" then
   return {"stale"}
@@ -43,6 +46,7 @@ if not deleted and st.g ~= nil and st.g ~= ARGV[10] then return {"changed"} end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call("ZREM", leases, id)
+redis.call("ZREM", queued, id)
 redis.call("ZREM", schedule, id)
 
 if outcome == "complete" then
@@ -67,7 +71,7 @@ local max_runs = tonumber(ARGV[11])
 if next_due == "" or (max_runs > 0 and (st.r or 0) >= max_runs) then
   st.s, st.n = "finished", nil
 else
-  st.o, st.a, st.d, st.n = tonumber(ARGV[7]), tonumber(ARGV[8]), 0, tonumber(next_due)
+  st.o, st.a, st.d, st.x, st.n = tonumber(ARGV[7]), tonumber(ARGV[8]), 0, 0, tonumber(next_due)
   if redis.call("SISMEMBER", paused, id) == 1 then
     st.s = "paused"
   else

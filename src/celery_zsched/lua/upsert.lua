@@ -6,16 +6,17 @@
 --
 -- KEYS[1] defs      hash  id -> definition JSON
 -- KEYS[2] schedule  zset  id -> due ms
--- KEYS[3] leases    zset  id -> lease deadline ms
+-- KEYS[3] leases    zset  id -> execution lease deadline ms
 -- KEYS[4] state     hash  id -> runtime state (cjson)
 -- KEYS[5] paused    set   paused ids
 -- KEYS[6] static    set   ids that come from beat_schedule
+-- KEYS[7] queued    zset  id -> delivery deadline ms
 -- ARGV[1] "1" to mark every job as static, else "0"
 -- ARGV[2..] groups of 5: id, definition JSON, first due ms ("" = none),
 --           enabled ("1"/"0"), timing signature
 -- Returns {created, updated, rescheduled}
-local defs, schedule, leases, state, paused, static =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local defs, schedule, leases, state, paused, static, queued =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local mark_static = ARGV[1] == "1"
 local created, updated, rescheduled = 0, 0, 0
 
@@ -41,7 +42,7 @@ for i = 2, #ARGV, 5 do
     -- delete: the job is created again and continues from that occurrence.
     if is_new then created = created + 1 else updated = updated + 1 end
     st = cjson.decode(raw)
-    local in_flight = redis.call("ZSCORE", leases, id)
+    local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
     if not enabled then
       redis.call("SADD", paused, id)
       if redis.call("ZREM", schedule, id) == 1 or st.s == "scheduled" then st.s = "paused" end
@@ -55,7 +56,7 @@ for i = 2, #ARGV, 5 do
           st.s = "finished"
         else
           redis.call("ZADD", schedule, due, id)
-          st.o, st.a, st.d, st.s = tonumber(due), 1, 0, "scheduled"
+          st.o, st.a, st.d, st.x, st.s = tonumber(due), 1, 0, 0, "scheduled"
         end
       end
     end

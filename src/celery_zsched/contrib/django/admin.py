@@ -158,7 +158,11 @@ def next_run_html(info: Any) -> SafeString:
                                       "manage.py zsched_sync pushes any that are missing.")
     assert isinstance(info, JobInfo)
     if info.lease_until_ms is not None:
-        return format_html("running<br><small>lease until {}</small>",
+        # Queued: published, waiting for a worker (delivery deadline); running:
+        # started, kept alive by the worker's heartbeat (execution lease).
+        label = "running" if info.status == "running" else "queued"
+        return format_html("{}<br><small>{} until {}</small>", label,
+                           "lease" if label == "running" else "delivery deadline",
                            timezone.localtime(ms_to_dt(info.lease_until_ms)).strftime("%H:%M:%S"))
     if info.paused:
         return _muted("paused")
@@ -508,7 +512,7 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         if st.get("a", 1) != 1:
             parts.append(f"attempt {st['a']}")
         if st.get("d"):
-            parts.append(f"{st['d']} deliveries")
+            parts.append(f"{_count(st['d'], 'crashed execution')}")
         parts.append(f"{_count(st.get('r', 0), 'run')}, {_count(st.get('f', 0), 'failure')}, "
                      f"{st.get('c', 0)} in a row")
         return " · ".join(str(p) for p in parts)

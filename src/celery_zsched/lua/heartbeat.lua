@@ -1,0 +1,33 @@
+-- heartbeat.lua: keep the execution leases of one worker process's running tasks alive.
+--
+-- Each lease is extended only while its occurrence and attempt are still the
+-- job's current ones and running (compare-and-set), so a heartbeat can never
+-- revive a settled or reaped occurrence. The worker's name, when given, is
+-- recorded as alive: the reaper holds back presumed-lost messages while no
+-- worker is alive (they are only waiting).
+--
+-- KEYS[1] leases   zset  id -> execution lease deadline ms
+-- KEYS[2] state    hash  id -> runtime state (cjson)
+-- KEYS[3] workers  zset  worker name -> last heartbeat ms
+-- ARGV[1] execution lease, ms from now
+-- ARGV[2] worker name ("" = none)
+-- ARGV[3..] groups of 3: id, occurrence, attempt
+-- Returns the ids whose occurrence is no longer running (stop beating for them)
+local leases, state, workers = KEYS[1], KEYS[2], KEYS[3]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = now + tonumber(ARGV[1])
+if ARGV[2] ~= "" then redis.call("ZADD", workers, now, ARGV[2]) end
+local gone = {}
+for i = 3, #ARGV, 3 do
+  local id = ARGV[i]
+  local raw = redis.call("HGET", state, id)
+  local st = raw and cjson.decode(raw)
+  if st and st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "running"
+      and redis.call("ZSCORE", leases, id) then
+    redis.call("ZADD", leases, "XX", until_ms, id)
+  else
+    gone[#gone + 1] = id
+  end
+end
+return gone

@@ -1,0 +1,27 @@
+-- retrying.lua: a running task retries through Celery's own Task.retry.
+--
+-- That is not an outcome yet: the occurrence goes back to queued (its retry
+-- message waits in the broker, or in a worker until its countdown ends) under
+-- a delivery deadline, so the retry's start (start.lua) is accepted.
+--
+-- KEYS[1] leases  zset  id -> execution lease deadline ms
+-- KEYS[2] queued  zset  id -> delivery deadline ms
+-- KEYS[3] state   hash  id -> runtime state (cjson)
+-- ARGV[1] job id
+-- ARGV[2] occurrence
+-- ARGV[3] attempt
+-- ARGV[4] delivery deadline, ms from now (countdown + delivery timeout)
+-- Returns 1 if requeued, 0 if the occurrence is no longer running
+local leases, queued, state = KEYS[1], KEYS[2], KEYS[3]
+local id = ARGV[1]
+local raw = redis.call("HGET", state, id)
+if not raw then return 0 end
+local st = cjson.decode(raw)
+if st.o ~= tonumber(ARGV[2]) or st.a ~= tonumber(ARGV[3]) or st.s ~= "running" then return 0 end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call("ZREM", leases, id)
+redis.call("ZADD", queued, now + tonumber(ARGV[4]), id)
+st.s, st.p = "queued", now
+redis.call("HSET", state, id, cjson.encode(st))
+return 1
