@@ -40,6 +40,9 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
     "celery_zsched.contrib.django",
+    # The real models `zsched_import --from django-celery-beat` reads
+    # (tests/django/test_dj_migrate_sources.py).
+    "django_celery_beat",
 ]
 DATABASES = {
     "default": database_from_url(os.environ["DATABASE_URL"])

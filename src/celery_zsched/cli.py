@@ -35,6 +35,14 @@ from .errors import (
 )
 from .importer import FORMATS, detect_format, export_row, iter_rows, parse_rows, write_rows
 from .job import Defaults, Job
+from .sources import (
+    DJANGO_CELERY_BEAT,
+    REDBEAT,
+    REDBEAT_DEFAULT_PREFIX,
+    read_redbeat,
+    redbeat_client,
+    switch_to_store,
+)
 from .store import JobInfo, Store
 from .timing import ms_to_dt
 
@@ -285,8 +293,16 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
 
 
 @zsched.command("import", cls=CeleryCommand)
-@_option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
+@_option("-f", "--file", "path", type=click.Path(dir_okay=False),
          group="Import Options", help="File of jobs (.json, .jsonl or .csv).")
+@_option("--from", "source", type=click.Choice([REDBEAT, DJANGO_CELERY_BEAT]),
+         group="Import Options",
+         help="Move redbeat's entries instead of a file; each job's next run is the one "
+              "redbeat would have made.")
+@_option("--redbeat-prefix", group="Import Options",
+         help="redbeat's key prefix (default: the app's redbeat_key_prefix, else 'redbeat:').")
+@_option("--redbeat-url", group="Import Options",
+         help="Redis URL of redbeat's keys (default: the zsched Redis).")
 @_option("--format", "fmt", type=click.Choice(FORMATS), group="Import Options",
          help="File format (default: from the suffix).")
 @_option("--skip-invalid", is_flag=True, group="Import Options",
@@ -295,13 +311,19 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
          help="Validate only; write nothing.")
 @click.pass_context
 @_errors
-def import_(ctx: click.Context, path: str, fmt: str | None, skip_invalid: bool,
-            dry_run: bool) -> None:
-    """Import jobs from a file; first runs are staggered over each job's interval.
+def import_(ctx: click.Context, path: str | None, fmt: str | None, skip_invalid: bool,
+            dry_run: bool, source: str | None, redbeat_prefix: str | None,
+            redbeat_url: str | None) -> None:
+    """Import jobs from a file (staggered over each job's interval), or from redbeat.
 
     Every row is validated before anything is written. Re-importing a file
     updates definitions and leaves schedules where they are.
     """
+    if source is not None and path is None:
+        _import_from(ctx, source, redbeat_prefix, redbeat_url, dry_run, skip_invalid)
+        return
+    if path is None or source is not None:
+        raise click.UsageError("give either --file or --from")
     store = _store(ctx)
     started = time.perf_counter()
     result = parse_rows(iter_rows(path, fmt), _defaults(ctx, store),
@@ -323,6 +345,22 @@ def import_(ctx: click.Context, path: str, fmt: str | None, skip_invalid: bool,
     _echo(ctx, f"imported {count} job(s): created {report.created}, updated {report.updated}, "
                f"rescheduled {report.rescheduled}{skipped} in "
                f"{time.perf_counter() - started:.2f}s")
+
+
+def _import_from(ctx: click.Context, source: str, prefix: str | None, url: str | None,
+                 dry_run: bool, skip_invalid: bool) -> None:
+    if source == DJANGO_CELERY_BEAT:
+        raise click.UsageError("django-celery-beat's tasks are read through Django: run "
+                               "`python manage.py zsched_import --from django-celery-beat`")
+    app, store = _app(ctx), _store(ctx)
+    try:
+        read = read_redbeat(redbeat_client(url, store), _defaults(ctx, store),
+                            prefix=prefix or app.conf.get("redbeat_key_prefix") or
+                            REDBEAT_DEFAULT_PREFIX, timezone=app_timezone(app))
+    except redis.RedisError as exc:
+        _fail(f"cannot read redbeat's entries: {exc}; nothing written", EX_UNAVAILABLE)
+    for line in switch_to_store(store, read, dry_run=dry_run, skip_invalid=skip_invalid).lines():
+        _echo(ctx, line)
 
 
 def _unique(jobs: Iterable[Job]) -> Iterator[Job]:

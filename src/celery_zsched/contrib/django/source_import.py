@@ -1,0 +1,108 @@
+"""Move another scheduler's entries into the database, then Redis (``zsched_import --from``).
+
+The rows are written first (one transaction, no signals) because the row is
+the durable definition; then Redis gets the jobs it lacks or holds differently,
+each first due when its source would have run it next. Running it again
+compares both sides and writes nothing that is already equal.
+"""
+
+from __future__ import annotations
+
+import io
+
+from django.db import transaction
+
+from celery_zsched.errors import ValidationError
+from celery_zsched.sources import (
+    DJANGO_CELERY_BEAT,
+    REDBEAT,
+    REDBEAT_DEFAULT_PREFIX,
+    SourceRead,
+    SwitchPlan,
+    check_errors,
+    entry_error,
+    plan_against_store,
+    read_redbeat,
+    redbeat_client,
+)
+
+from .bulk import _create, _update
+from .conf import get_defaults, get_store
+from .models import ZSchedJob
+from .progress import Progress
+from .sync import existing_ids
+
+#: ``--from`` values of ``zsched_import``.
+SOURCES = (DJANGO_CELERY_BEAT, REDBEAT)
+#: Job fields stored in a length-limited column.
+_COLUMNS = ("name", "task", "cron", "timezone", "queue", "routing_key")
+
+
+def read_source(source: str, *, redbeat_prefix: str | None = None,
+                redbeat_url: str | None = None) -> SourceRead:
+    """Read ``source`` (one of :data:`SOURCES`) with this project's defaults."""
+    defaults = get_defaults()
+    if source == DJANGO_CELERY_BEAT:
+        from .dcb_source import read_periodic_tasks
+
+        return read_periodic_tasks(defaults)
+    if source == REDBEAT:
+        from celery import current_app
+        from django.conf import settings
+
+        prefix = redbeat_prefix or getattr(settings, "CELERY_REDBEAT_KEY_PREFIX", None)
+        # redbeat stores crontabs without a zone and runs them in the app's.
+        return read_redbeat(redbeat_client(redbeat_url, get_store()), defaults,
+                            prefix=prefix or REDBEAT_DEFAULT_PREFIX,
+                            timezone=str(current_app.timezone))
+    raise ValueError(f"unknown source {source!r}; expected one of {', '.join(SOURCES)}")
+
+
+def _fit_columns(read: SourceRead) -> None:
+    """Move the jobs whose values do not fit the model's columns to the errors."""
+    kept = []
+    for item in read.jobs:
+        for name in _COLUMNS:
+            value = getattr(item.job, name) or ""
+            limit = ZSchedJob._meta.get_field(name).max_length
+            if len(value) > limit:
+                read.errors.append(entry_error(
+                    f"{read.source} entry {item.source_name!r}",
+                    ValidationError(name, value, f"is longer than {limit} characters")))
+                break
+        else:
+            kept.append(item)
+    read.jobs = kept
+
+
+def import_source(read: SourceRead, *, dry_run: bool = False, skip_invalid: bool = False,
+                  progress: Progress | None = None) -> SwitchPlan:
+    """Write ``read``'s jobs as rows (created, or updated when different), then Redis.
+
+    An entry that cannot be moved raises
+    :class:`~celery_zsched.errors.ImportValidationError` before anything is
+    written, unless ``skip_invalid`` leaves it out. ``dry_run`` reports and
+    writes nothing. If Redis fails after the commit,
+    :class:`~celery_zsched.errors.StoreUnavailable` propagates: running the
+    import again then completes Redis with the same first runs.
+    """
+    progress = progress or Progress(io.StringIO(), enabled=False)
+    _fit_columns(read)
+    check_errors(read, skip_invalid)
+    plan = SwitchPlan(read, dry_run=dry_run, skip_invalid=skip_invalid)
+    jobs = [item.job for item in read.jobs]
+    known = existing_ids(job.id for job in jobs)
+    fresh = [job for job in jobs if job.id not in known]
+    existing = [job for job in jobs if job.id in known]
+    with transaction.atomic():
+        if not dry_run:
+            _create(fresh, progress)
+        changed = _update(existing, progress, dry_run=dry_run) if existing else 0
+    progress.finish()
+    verb = "would " if dry_run else ""
+    plan.notes.append(f"database: {verb}create {len(fresh)} row(s), {verb}update {changed}, "
+                      f"unchanged {len(existing) - changed}")
+    todo = plan_against_store(get_store(), read, plan)
+    if todo and not dry_run:
+        plan.redis = get_store().upsert_many(todo, stagger=False, first_due=plan.first_due)
+    return plan
