@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import random
@@ -20,12 +21,15 @@ from .config import Settings
 from .errors import JobNotFound, StoreUnavailable
 from .job import Defaults, Job
 from .keys import Keys
+from .timing import jitter_ms
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
 TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
+#: Values per job in an upsert.lua call: id, definition, due, enabled, signature, gap.
+_UPSERT_ROW = 6
 _SCRIPTS = ("upsert", "claim", "start", "heartbeat", "retrying", "settle", "reap", "release",
             "control")
 #: Status label of a settle that does not retry.
@@ -58,6 +62,15 @@ def _time_ms(reply: Sequence[Any]) -> int:
     """Epoch ms of a Redis ``TIME`` reply (seconds, microseconds)."""
     sec, usec = reply
     return int(sec) * 1000 + int(usec) // 1000
+
+
+def _as_paused(job: Job, paused: bool) -> Job:
+    """``job`` with ``enabled`` taken from the paused set: the one record of that fact.
+
+    The stored definition keeps the ``enabled`` it was last written with, while
+    pause and resume only change the set, so readers always derive it.
+    """
+    return job if job.enabled is not paused else dataclasses.replace(job, enabled=not paused)
 
 
 def _first_score(*scores: float | None) -> int | None:
@@ -313,24 +326,38 @@ class Store:
         with _ScriptStream(self.client, self._scripts["upsert"], keys) as stream:
             for index, job in enumerate(jobs):
                 phase = index / total if stagger and total else 0.0
+                gap = ""
                 if first_due is not None and job.id in first_due:
                     due = first_due[job.id]
                 else:
                     due = job.first_due_ms(now, self.settings, self.rng, phase)
+                    gap = self._gap_after_last_run(job)
                 chunk += [job.id, job.to_json(), "" if due is None else str(due),
-                          "1" if job.enabled else "0", job.timing_signature]
-                if len(chunk) > 5 * self.settings.import_chunk:
+                          "1" if job.enabled else "0", job.timing_signature, gap]
+                if len(chunk) > _UPSERT_ROW * self.settings.import_chunk:
                     # Redis runs this chunk while the loop builds the next one.
-                    for rows, result in stream.call(chunk, (len(chunk) - 1) // 5):
+                    for rows, result in stream.call(chunk, (len(chunk) - 1) // _UPSERT_ROW):
                         done = self._tally(result, report, done + rows, progress)
                     chunk = chunk[:1]
-            replies = stream.call(chunk, (len(chunk) - 1) // 5) if len(chunk) > 1 else []
+            rows_left = (len(chunk) - 1) // _UPSERT_ROW
+            replies = stream.call(chunk, rows_left) if rows_left else []
             for rows, result in replies + stream.drain():
                 done = self._tally(result, report, done + rows, None)
         if progress:
             progress(done)
         report.seconds = time.perf_counter() - started
         return report
+
+    def _gap_after_last_run(self, job: Job) -> str:
+        """How long after its last run an interval job may run again (interval + jitter).
+
+        A rescheduling edit or a resume never makes a job due earlier than this
+        after its last run: a target is never hit more often than its interval.
+        """
+        if job.kind != "interval" or job.interval_s is None:
+            return ""
+        jitter = jitter_ms(job.effective_jitter_s(self.settings), self.rng)
+        return str(round(job.interval_s * 1000) + jitter)
 
     @staticmethod
     def _tally(result: Sequence[int], report: ImportReport, done: int,
@@ -380,15 +407,27 @@ class Store:
 
     @_unavailable
     def resume(self, *ids: str) -> int:
-        """Resume paused (or dead-lettered) jobs at their next regular run from now."""
+        """Resume paused (or dead-lettered) jobs; they never run earlier than they would have.
+
+        An interval job runs at its last run + interval (or now, if that has
+        passed), plus jitter; a cron job at its next slot after now; a job that
+        never ran follows the first-run rule.
+        """
         now = self.now_ms()
         dues: list[int | str] = []
         for info in self.get_many(ids):
-            due = info.job.first_due_ms(now, self.settings, self.rng) if info else now
+            due = self._resume_due(info, now) if info else now
             # "" tells the script the job is over (its end_at has passed): it is
             # unpaused but finished, never run once more.
             dues.append("" if due is None else due)
         return self._control("resume", ids, dues)
+
+    def _resume_due(self, info: JobInfo, now: int) -> int | None:
+        job, last = info.job, info.state.get("l")
+        start = now
+        if job.kind == "interval" and job.interval_s is not None and isinstance(last, int | float):
+            start = max(now, int(last) + round(job.interval_s * 1000))
+        return job.first_due_ms(start, self.settings, self.rng)
 
     @_unavailable
     def run_now(self, *ids: str) -> int:
@@ -432,7 +471,8 @@ class Store:
                 continue
             state = json.loads(states[i]) if states[i] else {}
             out.append(JobInfo(
-                job=Job.from_json(raw), status=state.get("s", "scheduled"),
+                job=_as_paused(Job.from_json(raw), bool(paused[i])),
+                status=state.get("s", "scheduled"),
                 due_ms=int(dues[i]) if dues[i] is not None else None,
                 lease_until_ms=_first_score(leases[i], queued[i]),
                 paused=bool(paused[i]), state=state))
@@ -447,17 +487,28 @@ class Store:
     def iter_jobs(self, count: int = 1000) -> Iterator[Job]:
         """Every stored definition once (HSCAN: constant memory), for export and sync.
 
+        ``enabled`` is read from the paused set, like everywhere else, so an
+        export re-imports with the paused state it has now.
         Raises :class:`StoreUnavailable` if Redis goes away mid-scan.
         """
         # HSCAN may return an entry twice while the hash is rehashing; ids are
         # remembered so every job is yielded once (an id costs far less than a job).
         seen: set[str] = set()
+        cursor = 0
         # A generator runs after the decorator returned, so it guards itself.
         with _redis_errors():
-            for job_id, raw in self.client.hscan_iter(self.keys.defs, count=count):
-                if job_id not in seen:
-                    seen.add(job_id)
-                    yield Job.from_json(raw)
+            while True:
+                cursor, page = self.client.hscan(self.keys.defs, cursor, count=count)
+                assert isinstance(page, dict)  # HSCAN replies pairs; redis-py makes a dict
+                fresh = [(str(job_id), raw) for job_id, raw in page.items()
+                         if job_id not in seen]
+                if fresh:
+                    flags = self.client.smismember(self.keys.paused, [i for i, _ in fresh])
+                    for (job_id, raw), paused in zip(fresh, flags, strict=True):
+                        seen.add(job_id)
+                        yield _as_paused(Job.from_json(raw), bool(paused))
+                if not cursor:
+                    return
 
     @_unavailable
     def peek_next_due(self) -> int | None:

@@ -12,16 +12,19 @@
 -- KEYS[6] static    set   ids that come from beat_schedule
 -- KEYS[7] queued    zset  id -> delivery deadline ms
 -- ARGV[1] "1" to mark every job as static, else "0"
--- ARGV[2..] groups of 5: id, definition JSON, first due ms ("" = none),
---           enabled ("1"/"0"), timing signature
+-- ARGV[2..] groups of 6: id, definition JSON, first due ms ("" = none),
+--           enabled ("1"/"0"), timing signature, least ms from the job's last
+--           run to a rescheduled run ("" = no floor; interval jobs: interval +
+--           jitter, so an edit or a resume never makes a job run early)
 -- Returns {created, updated, rescheduled}
 local defs, schedule, leases, state, paused, static, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local mark_static = ARGV[1] == "1"
 local created, updated, rescheduled = 0, 0, 0
 
-for i = 2, #ARGV, 5 do
+for i = 2, #ARGV, 6 do
   local id, def, due, enabled, sig = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] == "1", ARGV[i + 4]
+  local gap = ARGV[i + 5]
   local is_new = redis.call("HSET", defs, id, def) == 1
   if mark_static then redis.call("SADD", static, id) end
   local raw = redis.call("HGET", state, id)
@@ -55,8 +58,10 @@ for i = 2, #ARGV, 5 do
           redis.call("ZREM", schedule, id)
           st.s = "finished"
         else
-          redis.call("ZADD", schedule, due, id)
-          st.o, st.a, st.d, st.x, st.s = tonumber(due), 1, 0, 0, "scheduled"
+          local at = tonumber(due)
+          if gap ~= "" and st.l then at = math.max(at, st.l + tonumber(gap)) end
+          redis.call("ZADD", schedule, at, id)
+          st.o, st.a, st.d, st.x, st.s = at, 1, 0, 0, "scheduled"
         end
       end
     end
