@@ -11,7 +11,7 @@ What maps to what (the README's table says the same):
   schedule stops) -> ``end_at``; ``expire_seconds`` (each message's expiry) ->
   ``expires_s``; ``enabled`` -> ``enabled``.
 * ``queue``, ``routing_key``, ``priority``, ``args``, ``kwargs`` as they are.
-* ``description`` (first line, at most 200 characters) -> ``name``, else the
+* ``description`` (on one line, at most 200 characters) -> ``name``, else the
   row's ``name``; the id is derived from ``name`` as for ``beat_schedule``
   entries, so a row django-celery-beat synced from ``beat_schedule`` and the
   static entry are the same job.
