@@ -343,9 +343,12 @@ def test_redelivery_of_an_expired_lease_is_published_again_despite_misfire_grace
 
 
 def test_crontab_with_lists_of_numbers_becomes_a_cron_expression() -> None:
-    """crontab(minute=[30, 0], hour=[11, 9, 10]) is imported as "0,30 9,10,11 * * mon-fri"."""
+    """crontab(minute=[30, 0], hour=[11, 9, 10]) is imported as "0,30 9-11 * * 1-5".
+
+    The cron is written from the sets Celery expanded, with Celery's "and" day rule.
+    """
     entry = {"task": "tests.t",
              "schedule": crontab(minute=[30, 0], hour=[11, 9, 10], day_of_week="mon-fri")}
     job = job_from_entry("office hours", entry, Defaults())
-    assert job.cron == "0,30 9,10,11 * * mon-fri"
+    assert (job.cron, job.day_rule) == ("0,30 9-11 * * 1-5", "and")
     assert (job.id, job.name) == (static_job_id("office hours"), "office hours")

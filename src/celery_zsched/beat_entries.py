@@ -16,17 +16,45 @@ logger = logging.getLogger("celery_zsched")
 _OPTIONS = ("queue", "routing_key", "priority", "expires")
 
 
-def _cron_field(value: Any) -> str:
-    # crontab takes a string, a number or an iterable of numbers ({0, 30}, range(9, 18)).
-    if isinstance(value, str | int):
-        return str(value)
-    return ",".join(str(v) for v in sorted(value))
+# (lowest, highest) value of each cron field, in cron's field order.
+_CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
 
 
-def _cron_of(entry: Any) -> str:
-    parts = (entry._orig_minute, entry._orig_hour, entry._orig_day_of_month,
-             entry._orig_month_of_year, entry._orig_day_of_week)
-    return " ".join(_cron_field(p) for p in parts)
+def _cron_field(values: set[int], low: int, high: int) -> str:
+    """One cron field that matches exactly ``values`` (``*``, ``*/15``, ``9-17``, ``0,30``)."""
+    ordered = sorted(values)
+    if ordered == list(range(low, high + 1)):
+        return "*"
+    first, count = ordered[0], len(ordered)
+    step = ordered[1] - first if count > 1 else 0
+    if count > 2 and step > 1 and ordered == list(range(first, ordered[-1] + 1, step)):
+        # An arithmetic run: "*/15" when it is what "*/15" means, else "5-50/15".
+        whole = first == low and ordered[-1] + step > high
+        return f"*/{step}" if whole else f"{first}-{ordered[-1]}/{step}"
+    parts: list[str] = []
+    start = prev = first
+    for value in [*ordered[1:], None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if value is not None:
+            start = prev = value
+    return ",".join(parts)
+
+
+def cron_of_crontab(entry: Any) -> str:  # Any: celery-types lacks crontab.minute etc.
+    """The 5-field cron string of a Celery ``crontab``, from the sets Celery itself expanded.
+
+    Written from ``crontab.minute`` ... ``crontab.day_of_week`` (the sets Celery
+    matches against), not from the arguments, so every spelling Celery accepts
+    (names, steps, ``{0, 30}``, ``range(9, 18)``) means here what it means
+    there. The job gets the "and" day rule: Celery ANDs the two day fields.
+    """
+    sets = (entry.minute, entry.hour, entry.day_of_month, entry.month_of_year,
+            entry.day_of_week)
+    return " ".join(_cron_field(set(values), low, high)
+                    for values, (low, high) in zip(sets, _CRON_RANGES, strict=True))
 
 
 def static_job_id(name: str) -> str:
@@ -56,7 +84,8 @@ def job_from_entry(name: str, entry: dict[str, Any], defaults: Defaults) -> Job:
     elif isinstance(sched, timedelta):
         data["interval_s"] = sched.total_seconds()
     elif isinstance(sched, crontab):
-        data["cron"] = _cron_of(sched)
+        data["cron"] = cron_of_crontab(sched)
+        data["day_rule"] = "and"
         tz = getattr(sched, "tz", None)
         if tz is not None and str(tz) != "None":
             data["timezone"] = str(tz)

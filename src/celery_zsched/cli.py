@@ -195,6 +195,10 @@ _ADD_OPTIONS = [
             help="Task positional argument, JSON when it parses as JSON (repeatable)."),
     _option("--interval", type=float, group="Timing", help="Run every this many seconds."),
     _option("--cron", group="Timing", help="5-field cron expression, in --tz."),
+    _option("--day-rule", type=click.Choice(["or", "and"], case_sensitive=False),
+            group="Timing",
+            help="How --cron's day-of-month and day-of-week combine: or (crontab(5), "
+                 "the default) or and (Celery's crontab: both must match)."),
     _option("--tz", group="Timing", help="IANA time zone (default: the app's timezone)."),
     _option("--run-at", group="Timing",
             help="Run once at this ISO 8601 time (naive = --tz) or epoch seconds."),
@@ -226,6 +230,7 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {
         "id": opts["job_id"], "url": opts["url"], "task": opts["task"], "name": opts["name"],
         "interval_s": opts["interval"], "cron": opts["cron"], "timezone": opts["tz"],
+        "day_rule": opts["day_rule"],
         "run_at": _time_arg(opts["run_at"]), "start_at": _time_arg(opts["start_at"]),
         "end_at": _time_arg(opts["end_at"]), "jitter_s": opts["jitter"],
         "max_runs": opts["max_runs"], "misfire_grace_s": opts["misfire_grace"],

@@ -17,7 +17,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import Settings
 from .errors import ValidationError
-from .timing import UTC, backoff_s, cron_is_valid, cron_next, dt_to_ms, jitter_ms, ms_to_dt
+from .timing import (
+    DAY_RULES,
+    UTC,
+    backoff_s,
+    cron_is_valid,
+    cron_next,
+    dt_to_ms,
+    jitter_ms,
+    ms_to_dt,
+)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:@/\-]{1,200}$")
 _TIME_FIELDS = ("run_at", "start_at", "end_at")
@@ -53,6 +62,9 @@ class Job:
     interval_s: float | None = None
     cron: str | None = None
     timezone: str = "UTC"
+    # How a cron's day-of-month and day-of-week fields combine: "or" is
+    # crontab(5), "and" is Celery's crontab. Only cron jobs keep "and".
+    day_rule: str = "or"
     run_at: int | None = None  # epoch ms
     name: str = ""
     url: str | None = None
@@ -126,6 +138,10 @@ class Job:
     def timing_signature(self) -> str:
         """Changes exactly when an edit must move the job's schedule."""
         spec = f"{self.interval_s}|{self.cron}|{self.timezone}|{self.run_at}|{self.start_at}"
+        if self.day_rule != "or":
+            # Appended only when not the default, so the signature of every job
+            # stored before day_rule existed stays the same (no mass reschedule).
+            spec += f"|{self.day_rule}"
         return hashlib.sha1(spec.encode()).hexdigest()[:10]
 
     def effective_jitter_s(self, settings: Settings) -> float:
@@ -143,8 +159,10 @@ class Job:
             base = max(now_ms, self.start_at or 0) - 1
             return self._clamp(self._cron_after(base) + jitter)
         assert self.interval_s is not None
-        due = now_ms + int(phase * self.interval_s * 1000) + jitter
-        return self._clamp(max(due, self.start_at or 0))
+        # The stagger and the jitter count from start_at when it is later than
+        # now: clamping to start_at instead put a whole import at one instant.
+        base = max(now_ms, self.start_at or 0)
+        return self._clamp(base + round(phase * self.interval_s * 1000) + jitter)
 
     def next_regular_ms(self, now_ms: int, settings: Settings, rng: random.Random) -> int | None:
         """The next run after one completes at ``now_ms``; ``None`` ends the job."""
@@ -155,7 +173,8 @@ class Job:
             due = self._cron_after(max(now_ms, (self.start_at or 0) - 1))
         else:
             assert self.interval_s is not None
-            due = max(now_ms + int(self.interval_s * 1000), self.start_at or 0)
+            # round, not int: 2.01 s * 1000 is 2009.999..., which int() makes 2009 ms.
+            due = max(now_ms + round(self.interval_s * 1000), self.start_at or 0)
         return self._clamp(due + jitter)
 
     def retry_due_ms(self, attempt: int, now_ms: int, settings: Settings,
@@ -176,7 +195,7 @@ class Job:
 
     def _cron_after(self, ms: int) -> int:
         assert self.cron is not None
-        return _cron_slot_after(self.cron, self.timezone, ms)
+        return _cron_slot_after(self.cron, self.timezone, ms, self.day_rule)
 
     def _clamp(self, due: int) -> int | None:
         if self.end_at is not None and due > self.end_at:
@@ -211,13 +230,15 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
     tz = ZoneInfo(tz_name)
 
     job_id, task = _identity(values, url, defaults)
-    interval, cron = _timing(values, defaults)
+    day_rule = _day_rule(values)
+    interval, cron = _timing(values, defaults, day_rule)
     times = {name: _time(values, name, tz) for name in _TIME_FIELDS}
     if times["start_at"] and times["end_at"] and times["end_at"] <= times["start_at"]:
         raise ValidationError("end_at", values["end_at"], "must be after start_at")
 
     job = Job(
         id=job_id, task=task, interval_s=interval, cron=cron, timezone=tz_name,
+        day_rule=day_rule if cron else "or",
         run_at=times["run_at"], name=_text(values, "name"), url=url,
         meta=_container(values, "meta", dict), args=_container(values, "args", list),
         kwargs=_container(values, "kwargs", dict),
@@ -250,7 +271,17 @@ def _identity(values: Mapping[str, Any], url: str | None,
     return job_id, task.strip()
 
 
-def _timing(values: Mapping[str, Any], defaults: Defaults) -> tuple[float | None, str | None]:
+def _day_rule(values: Mapping[str, Any]) -> str:
+    raw = values.get("day_rule", "or")
+    rule = raw.strip().lower() if isinstance(raw, str) else raw
+    if rule not in DAY_RULES:
+        raise ValidationError("day_rule", raw,
+                              'must be "or" (crontab(5)) or "and" (Celery crontab)')
+    return str(rule)
+
+
+def _timing(values: Mapping[str, Any], defaults: Defaults,
+            day_rule: str = "or") -> tuple[float | None, str | None]:
     timing = [k for k in ("interval_s", "cron", "run_at") if k in values]
     if len(timing) > 1:
         raise ValidationError(timing[1], values[timing[1]],
@@ -262,7 +293,8 @@ def _timing(values: Mapping[str, Any], defaults: Defaults) -> tuple[float | None
     if timing == ["run_at"]:
         return None, None
     cron = values["cron"]
-    problem = _cron_problem(cron.strip()) if isinstance(cron, str) else "must be a string"
+    problem = (_cron_problem(cron.strip(), day_rule) if isinstance(cron, str)
+               else "must be a string")
     if problem:
         raise ValidationError("cron", cron, problem)
     return None, " ".join(cron.split())
@@ -285,20 +317,21 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 # Cached: one bulk upsert asks for the same slot for every job that shares a
 # cron expression and zone, and each answer costs about a millisecond.
 @functools.lru_cache(maxsize=4096)
-def _cron_slot_after(expr: str, tz: str, ms: int) -> int:
-    return dt_to_ms(cron_next(expr, ZoneInfo(tz), ms_to_dt(ms)))
+def _cron_slot_after(expr: str, tz: str, ms: int, day_rule: str = "or") -> int:
+    return dt_to_ms(cron_next(expr, ZoneInfo(tz), ms_to_dt(ms), day_rule))
 
 
 # Cached: a fleet shares a handful of cron expressions, and croniter is the
 # dearest step of parsing a cron row.
 @functools.lru_cache(maxsize=4096)
-def _cron_problem(expr: str) -> str | None:
+def _cron_problem(expr: str, day_rule: str = "or") -> str | None:
     if not cron_is_valid(expr):
         return "not a valid 5-field cron expression"
     try:
-        # croniter accepts dates that never come ("0 0 31 2 *"); storing one
-        # would fail mid-import, after earlier chunks were written.
-        cron_next(expr, ZoneInfo("UTC"), datetime.now(UTC))
+        # croniter accepts dates that never come ("0 0 31 2 *", or "0 0 31 4 1"
+        # under the "and" day rule); storing one would fail mid-import, after
+        # earlier chunks were written.
+        cron_next(expr, ZoneInfo("UTC"), datetime.now(UTC), day_rule)
     except ValueError:
         return "never fires: no date matches it"
     return None

@@ -7,6 +7,8 @@ handled explicitly instead of by whatever the iterator does with aware times.
 
 from __future__ import annotations
 
+import copy
+import functools
 import random
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
@@ -17,6 +19,8 @@ UTC = timezone.utc
 # Largest DST shift in the tz database is 2 h; look that far around folds.
 _DST_WINDOW = timedelta(hours=2, minutes=1)
 _MAX_CANDIDATES = 2000
+# Longest gap to the next slot that the quick path (one offset throughout) answers.
+_STEADY_SPAN = timedelta(days=1)
 
 
 def ms_to_dt(ms: int) -> datetime:
@@ -31,9 +35,62 @@ def dt_to_ms(dt: datetime) -> int:
     return round(dt.timestamp() * 1000)
 
 
+#: Which cron rule joins the day-of-month and day-of-week fields (see :func:`cron_next`).
+DAY_RULES = ("or", "and")
+
+
+# Cached: the same few expressions are asked about for every job that shares them.
+@functools.lru_cache(maxsize=4096)
 def _hour_is_wildcard(expr: str) -> bool:
-    hour = expr.split()[1]
-    return hour.startswith("*")
+    """The hour field matches all 24 hours, whatever its spelling.
+
+    ``*``, ``*/1``, ``0-23`` and ``0-11,12-23`` are all wildcards; ``*/2`` and
+    ``1-23`` are not. The meaning, not the spelling, decides, so two ways of
+    writing the same schedule never fire differently in a DST fold.
+    """
+    # croniter expands a field that covers its whole range to ["*"].
+    return bool(croniter.expand(_single_values(expr))[0][1] == ["*"])
+
+
+def _single_values(expr: str) -> str:
+    """``expr`` with each one-value range (``5-5``, ``fri-fri``, ``5-5/2``) written as the value.
+
+    crontab(5) reads ``5-5`` as 5, but croniter deliberately reads a range
+    whose ends are equal as the whole field, so ``0 0 * * 5-5`` would fire
+    every day instead of on Fridays.
+    """
+    return " ".join(",".join(_single(part) for part in field.split(","))
+                    for field in expr.split())
+
+
+def _single(part: str) -> str:
+    low, dash, high = part.split("/", 1)[0].partition("-")
+    same = low.lower() == high.lower() or (low.isdigit() and high.isdigit()
+                                           and int(low) == int(high))
+    return low if dash and low and same else part
+
+
+# Cached: parsing the expression is three quarters of a croniter's cost, and
+# a fleet shares a handful of expressions. Callers get a copy (see _walker).
+@functools.lru_cache(maxsize=1024)
+def _template(expr: str, day_rule: str) -> croniter:
+    if day_rule not in DAY_RULES:
+        raise ValueError(f"day_rule must be one of {DAY_RULES}, got {day_rule!r}")
+    # "or" is crontab(5) as Vixie cron and cronie run it: the fields are ORed
+    # only when both are restricted, and a field starting with "*" (even
+    # "*/2") is unrestricted, so the two are ANDed. croniter calls that rule
+    # implement_cron_bug. "and" is Celery's crontab: both must always match.
+    return croniter(_single_values(expr), 0.0, day_or=day_rule == "or",
+                    implement_cron_bug=True)
+
+
+def _walker(expr: str, start: datetime, day_rule: str) -> croniter:
+    """A croniter over naive wall times from ``start``, joining the day fields by ``day_rule``."""
+    # A shallow copy is enough: iterating only rebinds the position attributes,
+    # never mutates the parsed fields, so threads never share a position.
+    it = copy.copy(_template(expr, day_rule))
+    it.set_current(start, force=True)
+    return it
 
 
 def _wall_to_utc(wall: datetime, tz: ZoneInfo, fold: int) -> tuple[datetime, bool, bool]:
@@ -47,21 +104,33 @@ def _wall_to_utc(wall: datetime, tz: ZoneInfo, fold: int) -> tuple[datetime, boo
     return utc, is_gap, differs and not is_gap
 
 
-def cron_next(expr: str, tz: ZoneInfo, after: datetime) -> datetime:
+def cron_next(expr: str, tz: ZoneInfo, after: datetime, day_rule: str = "or") -> datetime:
     """The first slot of ``expr`` in ``tz`` strictly after ``after`` (aware), in UTC.
+
+    Day fields (``day_rule``):
+
+    * ``"or"`` (crontab(5), Vixie cron and cronie): when both day-of-month and
+      day-of-week are restricted, either one matching fires; a field that
+      starts with ``*`` (``*/2`` too) is unrestricted, so then both must match
+      (``0 0 */2 * 1`` fires on odd-day Mondays only);
+    * ``"and"`` (Celery's ``crontab``): both fields must always match.
 
     DST rules (the same as Vixie cron's intent):
 
     * a wall time skipped by a spring-forward gap fires shifted forward by the
       gap (02:30 on a 02:00->03:00 day fires at 03:30 local);
     * a wall time repeated by a fall-back fold fires once, at its first
-      instant, unless the hour field is a wildcard (``*/15 * * * *``), whose
-      job keeps firing every 15 real minutes through the repeated hour.
+      instant, unless the hour field is a wildcard, i.e. matches all 24 hours
+      (``*``, ``*/1``, ``0-23``): that job keeps its real-time cadence and fires
+      in both passes of the repeated hour. ``*/2`` or ``1-23`` are not wildcards.
     """
     after_utc = after.astimezone(UTC)
     wall_after = after_utc.astimezone(tz).replace(tzinfo=None)
+    quick = _steady_next(expr, tz, after_utc, wall_after, day_rule)
+    if quick is not None:
+        return quick
     both_folds = _hour_is_wildcard(expr)
-    it = croniter(expr, wall_after - _DST_WINDOW)
+    it = _walker(expr, wall_after - _DST_WINDOW, day_rule)
     best: datetime | None = None
     best_wall: datetime | None = None
     for _ in range(_MAX_CANDIDATES):
@@ -77,6 +146,29 @@ def cron_next(expr: str, tz: ZoneInfo, after: datetime) -> datetime:
     if best is None:
         raise ValueError(f"cron {expr!r} has no slot in the foreseeable future")
     return best
+
+
+def _steady_next(expr: str, tz: ZoneInfo, after_utc: datetime, wall_after: datetime,
+                 day_rule: str) -> datetime | None:
+    """The next slot when no UTC offset change is near; ``None`` asks for the careful walk.
+
+    With one UTC offset from a DST window before ``after`` to a DST window
+    after the slot, wall time and UTC move in step, so the first wall slot
+    after ``after`` is the answer. That is nearly every call, and it costs one
+    croniter step instead of a walk over four hours of candidates.
+    """
+    offset = after_utc.astimezone(tz).utcoffset()
+    wall: datetime = _walker(expr, wall_after, day_rule).get_next(datetime)
+    assert offset is not None
+    utc = (wall - offset).replace(tzinfo=UTC)
+    # Within a day, at most one transition can lie between the two checks (DST
+    # changes are weeks apart), and one would show as differing offsets.
+    if not after_utc < utc <= after_utc + _STEADY_SPAN:
+        return None
+    for probe in (after_utc - _DST_WINDOW, utc + _DST_WINDOW):
+        if probe.astimezone(tz).utcoffset() != offset:
+            return None
+    return utc
 
 
 def cron_is_valid(expr: str) -> bool:

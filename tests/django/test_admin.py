@@ -71,7 +71,8 @@ def form_data(**overrides: Any) -> dict[str, Any]:
     """POST data of the add/change form: every editable field, blank unless given."""
     data: dict[str, Any] = {
         "name": "", "url": "", "task": "", "job_id": "", "enabled": "on",
-        "interval_s": "", "cron": "", "timezone": "", "run_at_0": "", "run_at_1": "",
+        "interval_s": "", "cron": "", "timezone": "", "day_rule": "or",
+        "run_at_0": "", "run_at_1": "",
         "jitter_s": "", "start_at_0": "", "start_at_1": "", "end_at_0": "", "end_at_1": "",
         "max_runs": "", "misfire_grace_s": "", "meta": "{}", "args": "[]", "kwargs": "{}",
         "queue": "", "routing_key": "", "priority": "", "expires_s": "", "retry_max": "",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import django
 from django.contrib import admin, messages
@@ -208,6 +208,9 @@ def schedule_in_words(row: ZSchedJob) -> str:
     tz = row.timezone or timezone.get_default_timezone_name()
     if row.cron and row.cron.strip():
         text = f"{describe_cron(' '.join(row.cron.split()))} ({tz} time)"
+        if row.day_rule == "and":
+            # cron-descriptor reads both day fields as a union; say they are ANDed.
+            text += ", only on days matching both day fields"
     elif row.run_at is not None:
         text = f"Once, at {timezone.localtime(row.run_at).strftime('%Y-%m-%d %H:%M %Z')}"
     elif row.interval_s:
@@ -394,6 +397,7 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         _make_action("reset_failures", "Reset failures of selected jobs"),
     )
     inlines = (RecentRunsInline,)
+    radio_fields: ClassVar[dict[str, int]] = {"day_rule": admin.VERTICAL}
     readonly_fields = ("schedule_words", "next_run_detail", "redis_state", "last_outcome",
                        "last_error_full", "last_run_at", "run_count", "failure_count",
                        "consecutive_failures", "kind", "created_at", "updated_at")
@@ -403,8 +407,9 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         }),
         (None, {"fields": ("name", "url", "task", "job_id", "enabled")}),
         ("Timing", {
-            "fields": ("interval_s", "cron", "timezone", "schedule_words", "run_at",
-                       "jitter_s", "start_at", "end_at", "max_runs", "misfire_grace_s"),
+            "fields": ("interval_s", "cron", "timezone", "day_rule", "schedule_words",
+                       "run_at", "jitter_s", "start_at", "end_at", "max_runs",
+                       "misfire_grace_s"),
             "description": "Give one of interval, cron or run at. Cron is read on the wall "
                            "clock of the time zone, DST included.",
         }),

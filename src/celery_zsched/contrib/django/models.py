@@ -29,7 +29,7 @@ CORE_TO_MODEL: dict[str, str] = {"id": "job_id"}
 #: Definition fields, in the order of :class:`~celery_zsched.job.Job`.
 DEFINITION_FIELDS: tuple[str, ...] = (
     "job_id", "name", "task", "url", "meta", "args", "kwargs", "interval_s", "cron",
-    "timezone", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
+    "timezone", "day_rule", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
     "priority", "expires_s", "enabled", "max_runs", "misfire_grace_s", "retry_max",
     "retry_base_s",
 )
@@ -73,6 +73,13 @@ class JobKind(models.TextChoices):
     ONCE = "once", "Once"
 
 
+class DayRule(models.TextChoices):
+    """How a cron's day-of-month and day-of-week fields combine (``Job.day_rule``)."""
+
+    OR = "or", "Either day field matches (crontab(5))"
+    AND = "and", "Both day fields match (Celery crontab)"
+
+
 class ZSchedJob(models.Model):
     """One recurring (or one-off) job: the durable definition, plus a runtime mirror.
 
@@ -106,6 +113,11 @@ class ZSchedJob(models.Model):
     timezone = models.CharField(
         "time zone", max_length=64, blank=True,
         help_text="IANA zone of the cron expression and of naive times. Blank: TIME_ZONE.")
+    day_rule = models.CharField(
+        "day rule", max_length=3, choices=DayRule.choices, default=DayRule.OR,
+        help_text="When the cron gives both a day of month and a day of week: "
+                  "either one matching fires (crontab(5)), or both must match "
+                  "(Celery crontab, django-celery-beat). Ignored without a cron.")
     run_at = models.DateTimeField("run at", null=True, blank=True,
                                   help_text="Run once at this time.")
     start_at = models.DateTimeField("start at", null=True, blank=True)
