@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 
 from celery_zsched.appstore import forget_app
 from celery_zsched.beat_entries import static_job_id
-from celery_zsched.sources import ceil_ms, cron_of_crontab, first_due_ms, read_redbeat
+from celery_zsched.sources import ceil_ms, first_due_ms, read_redbeat
 from celery_zsched.store import Store
 from celery_zsched.timing import dt_to_ms, ms_to_dt
 from tests.helpers import store_snapshot
@@ -178,7 +178,7 @@ def test_fields_map_and_what_is_lost_is_listed(redbeat: Celery, run: Run, zstore
         "sync", "sync.x", 3, 120)
     mondays = zstore.get(static_job_id("1st/15th mondays")).job
     assert (mondays.cron, mondays.timezone) == ("0 4 1,15 * 1", APP_TZ)
-    assert getattr(mondays, "day_rule", "and") == "and"
+    assert mondays.day_rule == "and"
     assert zstore.get("sundays").job.cron == "0 0 * * 0"
     assert zstore.get("paused").paused
     assert zstore.get("extras").job.end_at == dt_to_ms(now + timedelta(days=3))
@@ -268,20 +268,6 @@ def test_from_and_file_are_exclusive_and_django_celery_beat_points_to_manage_py(
 
 
 # ------------------------------------------------------------ pure helpers
-@pytest.mark.parametrize(("kwargs", "cron"), [
-    ({}, "* * * * *"),
-    ({"minute": "*/15"}, "*/15 * * * *"),
-    ({"minute": "0,30", "hour": "9-17"}, "0,30 9-17 * * *"),
-    ({"minute": 0, "hour": 0, "day_of_week": "sunday"}, "0 0 * * 0"),
-    ({"minute": 5, "day_of_week": "mon,wed,fri"}, "5 * * * 1,3,5"),
-    ({"minute": 0, "day_of_month": "*/2"}, "0 * */2 * *"),
-    ({"minute": 0, "day_of_month": "1-7", "month_of_year": "*/3"}, "0 * 1-7 */3 *"),
-    ({"minute": "1,2,4,5,6"}, "1,2,4-6 * * * *"),
-])
-def test_cron_of_crontab_is_compact_and_exact(kwargs: dict[str, Any], cron: str) -> None:
-    assert cron_of_crontab(crontab(**kwargs)) == cron
-
-
 def test_first_due_of_an_ended_job_is_none(store: Store, redbeat: Celery) -> None:
     past = datetime.now(timezone.utc) - timedelta(days=1)
     save_redbeat_entry(redbeat, "ended", timedelta(minutes=1), last_run_at=past,

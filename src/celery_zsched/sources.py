@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .beat_entries import static_job_id
+from .beat_entries import cron_of_crontab, static_job_id
 from .config import Settings
 from .errors import ConfigurationError, ImportValidationError, ValidationError
 from .job import Defaults, Job
@@ -36,13 +36,11 @@ DJANGO_CELERY_BEAT = "django-celery-beat"
 REDBEAT_DEFAULT_PREFIX = "redbeat:"
 #: Longest job name: the Django model's ``name`` column.
 MAX_NAME = 200
-_JOB_FIELDS = frozenset(f.name for f in fields(Job))
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: Lines listed per category in a summary before "... and N more".
+_MAX_LISTED = 500
 #: Entries read from redbeat per round trip.
 _READ_CHUNK = 1000
-#: (low, high) of each Celery crontab field, in cron order.
-_CRON_RANGES = {"minute": (0, 59), "hour": (0, 23), "day_of_month": (1, 31),
-                "month_of_year": (1, 12), "day_of_week": (0, 6)}
 #: Celery routing options a job keeps (``expires`` is handled on its own).
 _KEPT_OPTIONS = ("queue", "routing_key", "priority")
 
@@ -126,58 +124,20 @@ def source_job(name: str, data: dict[str, Any], defaults: Defaults, after: datet
 
 
 def ceil_ms(dt: datetime) -> int:
-    """Epoch ms of an aware datetime, rounded up: a moved job never runs before its source would.
-    """
+    """Epoch ms of an aware datetime, rounded up (a moved job must never run early)."""
     return -(-(dt - _EPOCH) // timedelta(milliseconds=1))
 
 
 # ---------------------------------------------------------------- schedules
-def _cron_field(values: Iterable[int], low: int, high: int) -> str:
-    """A Celery crontab field's expanded set, written compactly (``*``, ``*/15``, ``1-5``)."""
-    nums = sorted(values)
-    if nums == list(range(low, high + 1)):
-        return "*"
-    if len(nums) > 2 and nums[0] == low:
-        step = nums[1] - nums[0]
-        if nums == list(range(low, high + 1, step)):
-            return f"*/{step}"
-    parts: list[str] = []
-    start = 0
-    for i in range(len(nums)):
-        if i + 1 == len(nums) or nums[i + 1] != nums[i] + 1:
-            run = nums[start:i + 1]
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(n) for n in run]
-            start = i + 1
-    return ",".join(parts)
-
-
-def cron_of_crontab(sched: Any) -> str:
-    """The 5-field cron of a Celery ``crontab``, from the sets Celery itself parsed.
-
-    Built from Celery's expanded sets rather than the strings it was given, so
-    Celery-only spellings (``day_of_week="monday"``, ``"*/3"`` on any field)
-    mean exactly what they meant to Celery.
-    """
-    return " ".join(_cron_field(getattr(sched, name), low, high)
-                    for name, (low, high) in _CRON_RANGES.items())
-
-
 def crontab_timing(sched: Any, timezone: str) -> dict[str, Any]:
     """Job fields of a Celery ``crontab`` that fires in ``timezone``.
 
-    Celery matches a day when it is in ``day_of_month`` AND in ``day_of_week``
-    (cron(5) takes either when both are restricted), so the job says so.
+    The cron is written from the sets Celery parsed, so Celery-only spellings
+    (``day_of_week="sunday"``) mean what they meant. Celery matches a day when
+    it is in ``day_of_month`` AND in ``day_of_week`` (cron(5) takes either when
+    both are restricted), so the job says so.
     """
-    cron = cron_of_crontab(sched)
-    if "day_rule" in _JOB_FIELDS:
-        return {"cron": cron, "timezone": timezone, "day_rule": "and"}
-    # TEMPORARY until Job.day_rule lands: the two rules differ only when both
-    # day fields are restricted, so only those crontabs are refused.
-    fields_ = cron.split()
-    if fields_[2] != "*" and fields_[4] != "*":
-        raise ValidationError("schedule", cron, "restricts both day_of_month and "
-                              "day_of_week, which needs Job.day_rule (not available)")
-    return {"cron": cron, "timezone": timezone}
+    return {"cron": cron_of_crontab(sched), "timezone": timezone, "day_rule": "and"}
 
 
 def interval_timing(every: timedelta) -> dict[str, Any]:
@@ -321,29 +281,33 @@ class SwitchPlan:
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """Human-readable summary: counts, every job with its first run, and what was lost."""
+        """Human-readable summary: counts, each job with its first run, and what was lost."""
         verb = "would " if self.dry_run else ""
         by_id = {item.job.id: item for item in self.read.jobs}
-        out = [f"{self.read.source}: {self.read.entries} entr(y/ies), "
+        out = [f"{self.read.source}: {self.read.entries} entries, "
                f"{len(self.read.jobs)} movable, {len(self.read.errors)} not"]
-        out += [f"  error: {error}" for error in self.read.errors]
+        out += _capped([f"  error: {error}" for error in self.read.errors])
         if self.read.errors:
-            out.append("  (left out, --skip-invalid)" if self.skip_invalid
-                       else "  nothing was written: fix or remove these entries, "
-                            "or use --skip-invalid")
+            out.append("  (left out: --skip-invalid)")
         out += [f"{verb}create: {len(self.created)}, {verb}update: {len(self.updated)}, "
                 f"unchanged: {len(self.unchanged)}", *self.notes]
-        for verb_word, ids in (("create", self.created), ("update", self.updated)):
-            for job_id in ids:
-                out.append(f"  {verb}{verb_word} {_describe(by_id[job_id], self.first_due)}")
-        lost = [(item, note) for item in self.read.jobs for note in item.lost]
+        out += _capped([f"  {verb}{word} {_describe(by_id[job_id], self.first_due)}"
+                        for word, ids in (("create", self.created), ("update", self.updated))
+                        for job_id in ids])
+        lost = [f"  {item.source_name!r} ({item.job.id}): {note}"
+                for item in self.read.jobs for note in item.lost]
         if lost:
-            out.append("not carried over:")
-            out += [f"  {item.source_name!r} ({item.job.id}): {note}" for item, note in lost]
+            out += ["not carried over:", *_capped(lost)]
         if self.redis is not None:
             out.append(f"Redis: {self.redis.created} created, {self.redis.updated} updated, "
                        f"{self.redis.rescheduled} rescheduled")
         return out
+
+
+def _capped(lines: list[str]) -> list[str]:
+    if len(lines) <= _MAX_LISTED:
+        return lines
+    return [*lines[:_MAX_LISTED], f"  ... and {len(lines) - _MAX_LISTED} more"]
 
 
 def _describe(item: SourceJob, first_due: Mapping[str, int | None]) -> str:

@@ -82,14 +82,17 @@ def import_source(read: SourceRead, *, dry_run: bool = False, skip_invalid: bool
     An entry that cannot be moved raises
     :class:`~celery_zsched.errors.ImportValidationError` before anything is
     written, unless ``skip_invalid`` leaves it out. ``dry_run`` reports and
-    writes nothing. If Redis fails after the commit,
-    :class:`~celery_zsched.errors.StoreUnavailable` propagates: running the
-    import again then completes Redis with the same first runs.
+    writes nothing. Redis is read before the database is written; if it fails
+    after the commit, :class:`~celery_zsched.errors.StoreUnavailable`
+    propagates, and running the import again completes Redis with the same
+    first runs.
     """
     progress = progress or Progress(io.StringIO(), enabled=False)
     _fit_columns(read)
     check_errors(read, skip_invalid)
     plan = SwitchPlan(read, dry_run=dry_run, skip_invalid=skip_invalid)
+    # Redis is compared first: if it is down, this fails before the database is written.
+    todo = plan_against_store(get_store(), read, plan)
     jobs = [item.job for item in read.jobs]
     known = existing_ids(job.id for job in jobs)
     fresh = [job for job in jobs if job.id not in known]
@@ -102,7 +105,6 @@ def import_source(read: SourceRead, *, dry_run: bool = False, skip_invalid: bool
     verb = "would " if dry_run else ""
     plan.notes.append(f"database: {verb}create {len(fresh)} row(s), {verb}update {changed}, "
                       f"unchanged {len(existing) - changed}")
-    todo = plan_against_store(get_store(), read, plan)
     if todo and not dry_run:
         plan.redis = get_store().upsert_many(todo, stagger=False, first_due=plan.first_due)
     return plan

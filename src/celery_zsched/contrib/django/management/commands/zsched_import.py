@@ -61,10 +61,13 @@ class Command(BaseCommand):
         except ImportValidationError as exc:
             raise CommandError(str(exc)) from exc
         except StoreUnavailable as exc:
-            again = ("run this command again" if options["source"]
-                     else "run `manage.py zsched_sync`")
-            raise CommandError(f"{exc}. The rows are saved in the database; {again} "
-                               "once Redis is back.") from exc
+            if options["source"]:
+                # Redis is read before the database is written, so a failure may
+                # come before or after the commit: a re-run writes what is missing.
+                raise CommandError(f"{exc}. Run this command again once Redis is back; "
+                                   "it writes only what is missing.") from exc
+            raise CommandError(f"{exc}. The rows are saved in the database; run "
+                               "`manage.py zsched_sync` once Redis is back.") from exc
         except ZSchedError as exc:
             raise CommandError(str(exc)) from exc
         for line in summary.lines():
