@@ -9,6 +9,7 @@ tests/source_fires.py).
 from __future__ import annotations
 
 import importlib
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -274,3 +275,11 @@ def test_first_due_of_an_ended_job_is_none(store: Store, redbeat: Celery) -> Non
                        options={"expires": past + timedelta(hours=1)})
     read = read_redbeat(store.client, store.defaults, prefix=redbeat.conf.redbeat_key_prefix)
     assert first_due_ms(read.jobs[0], store.now_ms(), store.settings, store.rng) is None
+
+
+def test_without_redbeat_installed_the_error_says_what_to_install(
+        run: Run, zstore: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "redbeat.schedulers", None)  # import raises ImportError
+    result = run("import", "--from", "redbeat")
+    assert result.exit_code == 78, result.output
+    assert "reading redbeat's entries needs redbeat: pip install celery-redbeat" in result.output

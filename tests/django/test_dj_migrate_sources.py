@@ -264,6 +264,15 @@ def test_bad_json_arguments_name_the_row_and_field(zstore: Store) -> None:
     assert zstore.stats()["jobs"] == 0
 
 
+def test_without_django_celery_beat_in_installed_apps_the_error_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.apps import apps
+
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_celery_beat")
+    with pytest.raises(CommandError, match="needs it installed and in INSTALLED_APPS"):
+        _run("--from", "django-celery-beat")
+
+
 def test_file_and_from_are_exclusive(tmp_path: Any) -> None:
     with pytest.raises(CommandError, match="either --file or --from"):
         _run()
