@@ -326,20 +326,21 @@ class Deployment:
         return proc
 
     def start_beat(self, name: str = "beat",
-                   beat_schedule: dict[str, dict[str, Any]] | None = None) -> Proc:
+                   beat_schedule: dict[str, dict[str, Any]] | None = None,
+                   env: dict[str, str] | None = None) -> Proc:
         """``celery beat -S celery_zsched``, optionally with a static ``beat_schedule``."""
         return self._spawn(name, [
             "beat", "-S", "celery_zsched", "--loglevel", "INFO",
             "-s", str(self.tmp_path / f"{name}-schedule")],
-            {ENV_BEAT_SCHEDULE: json.dumps(beat_schedule or {})})
+            {ENV_BEAT_SCHEDULE: json.dumps(beat_schedule or {}), **(env or {})})
 
     def start_worker(self, name: str = "worker", pool: str = "solo",
-                     concurrency: int = 1) -> Proc:
-        """``celery worker`` consuming this deployment's queue."""
+                     concurrency: int = 1, env: dict[str, str] | None = None) -> Proc:
+        """``celery worker`` consuming this deployment's queue (``env``: extra variables)."""
         return self._spawn(name, [
             "worker", "-P", pool, "-c", str(concurrency), "-Q", self.queue,
             "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
-            "--without-heartbeat", "--without-gossip", "--without-mingle"])
+            "--without-heartbeat", "--without-gossip", "--without-mingle"], env)
 
     def check_alive(self) -> None:
         """Fail at once if a process the test relies on has exited."""

@@ -94,7 +94,8 @@ def test_a_message_expired_before_any_worker_took_it_settles_as_an_error(
     d.wait_for(lambda: time.monotonic() - published > 1.5, 5, "the first message to expire")
     d.start_worker()
 
-    info = d.wait_info(job.id, lambda i: i.status not in ("queued", "running"), 30, "the expiry to settle")
+    info = d.wait_info(job.id, lambda i: i.status not in ("queued", "running"), 30,
+                       "the expiry to settle")
     d.wait_info(later.id, lambda i: i.state.get("r") == 1, 30, "the control job to run")
 
     assert target.hits(path) == [] and len(target.hits(control)) == 1
