@@ -293,12 +293,15 @@ def redbeat_app(redis_url: str) -> Celery:
 def test_redbeat_entries_move_into_the_database_too(
         redbeat_app: Celery, zstore: Store, settings: Any) -> None:
     settings.CELERY_REDBEAT_KEY_PREFIX = redbeat_app.conf.redbeat_key_prefix
-    save_redbeat_entry(redbeat_app, "report", crontab(minute="*/5"), last_run_at=None)
+    settings.CELERY_TIMEZONE = "Asia/Kolkata"
+    save_redbeat_entry(redbeat_app, "report", crontab(minute=0, hour=9), last_run_at=None)
     save_redbeat_entry(redbeat_app, "sync", timedelta(minutes=3),
                        last_run_at=dj_timezone.now())
 
     out = _run("--from", "redbeat")
 
     assert set(ZSchedJob.objects.values_list("job_id", flat=True)) == {"report", "sync"}
+    report = ZSchedJob.objects.get(job_id="report")
+    assert (report.cron, report.timezone) == ("0 9 * * *", "Asia/Kolkata")
     assert "create: 2, update: 0, unchanged: 0" in out
     assert "unchanged: 2" in _run("--from", "redbeat")

@@ -51,10 +51,11 @@ def read_source(source: str, *, redbeat_prefix: str | None = None,
         from django.conf import settings
 
         prefix = redbeat_prefix or getattr(settings, "CELERY_REDBEAT_KEY_PREFIX", None)
-        # redbeat stores crontabs without a zone and runs them in the app's.
+        # redbeat stores crontabs without a zone and runs them in the app's:
+        # CELERY_TIMEZONE, read here too in case manage.py never loaded the app.
+        zone = getattr(settings, "CELERY_TIMEZONE", None) or current_app.timezone
         return read_redbeat(redbeat_client(redbeat_url, get_store()), defaults,
-                            prefix=prefix or REDBEAT_DEFAULT_PREFIX,
-                            timezone=str(current_app.timezone))
+                            prefix=prefix or REDBEAT_DEFAULT_PREFIX, timezone=str(zone))
     raise ValueError(f"unknown source {source!r}; expected one of {', '.join(SOURCES)}")
 
 
