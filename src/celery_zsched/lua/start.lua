@@ -17,19 +17,24 @@
 -- ARGV[4] execution lease, ms from now
 -- ARGV[5] expiry, ms after promotion ("" = never expires)
 -- Returns {"ok", now, due_ms, promoted_ms} | {"expired", now, promoted_ms}
---       | {"duplicate", status} | {"stale", status} | {"gone"}
+--       | {"duplicate", status} | {"stale", status} | {"gone", ""}  (these three count
+--         as "duplicates": deliveries that did not run)
 local state, queued, leases, schedule, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, occ, attempt = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Every delivery that does not run is counted as a duplicate.
+local function drop(kind, status)
+  redis.call("HINCRBY", counters, "duplicates", 1)
+  return {kind, status}
+end
 local raw = redis.call("HGET", state, id)
-if not raw then return {"gone"} end
+if not raw then return drop("gone", "") end
 local st = cjson.decode(raw)
-if st.o ~= occ or st.a ~= attempt then return {"stale", st.s or ""} end
+if st.o ~= occ or st.a ~= attempt then return drop("stale", st.s or "") end
 -- "leased" is the queued status of stores written before execution leases
 -- existed; "scheduled" is an occurrence whose message was presumed lost and is
 -- waiting to be republished: the original showed up, so it runs now instead.
 if st.s ~= "queued" and st.s ~= "leased" and st.s ~= "scheduled" then
-  redis.call("HINCRBY", counters, "duplicates", 1)
-  return {"duplicate", st.s or ""}
+  return drop("duplicate", st.s or "")
 end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
