@@ -205,8 +205,9 @@ def test_import_twice_updates_without_moving_schedules(
     ("jobs.jsonl", '{"id": "a", "task": "t"}\n{"id": "b", "task": "t", "timezone": "Nowhere"}',
      "row 2: timezone: unknown IANA time zone"),
     ("jobs.json", '[\n {"url": "https://a.example/1"}\n {"url": "https://a.example/2"}\n]',
-     "row 3: file: malformed JSON: Expecting ',' delimiter at line 3, column 2"),
-    ("jobs.csv", "url,colour\nhttps://a.example/1,red\n", "row 1: colour: unknown column"),
+     "file: malformed JSON at line 3, column 2: Expecting ',' delimiter"),
+    ("jobs.csv", "url,colour\nhttps://a.example/1,red\n",
+     "colour: unknown column in the header (line 1)"),
     ("jobs.jsonl", '{"url": "https://a.example/1"}\n{"url": "https://a.example/1"}\n',
      "row 2: id: duplicate id, first on row 1"),
 ])
@@ -461,3 +462,92 @@ def test_the_installed_celery_command_imports_and_exits_with_status(
     done = celery_zsched("import", "--file", str(good), ZSCHED_REDIS_URL=UNREACHABLE)
     assert done.returncode == 69
     assert "cannot reach Redis" in done.stderr and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------ bad input never crashes
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _short_id(value: Any) -> str:
+    # Test ids land in PYTEST_CURRENT_TEST: a megabyte id breaks every exec().
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 24 else f"{text[:16]}...({len(text)})"
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), ids=_short_id, argvalues=[
+    ("deep.json", '[\n{"url": "https://a.example/1"},\n' + _DEEP + "\n]",
+     "file: malformed JSON at line 3: nested too deeply"),
+    ("deep.jsonl", '{"url": "https://a.example/1"}\n{"meta": ' + _DEEP + "}\n",
+     "file: malformed JSON at line 2: nested too deeply"),
+    ("ipv6.jsonl", '{"url": "https://a.example/1"}\n{"url": "http://[::1"}\n',
+     "row 2: url: must be an absolute http(s) URL: Invalid IPv6 URL"),
+    ("huge.json", '[\n{"url": "https://a.example/1", "interval_s": 1' + "0" * 400 + "}\n]",
+     "row 2: interval_s: must be a number"),
+    ("digits.jsonl", '{"url": "https://a.example/1", "jitter_s": ' + "9" * 5000 + "}\n",
+     "file: malformed JSON at line 1: Exceeds the limit (4300 digits)"),
+    ("folder.csv", "id,task,cron,timezone\na,t,0 9 * * *,Europe\n",
+     "row 2: timezone: unknown IANA time zone (got 'Europe')"),
+    ("surrogate.jsonl", '{"id": "a", "task": "t", "name": "\\udc80"}\n',
+     "row 1: name: must be valid Unicode (it holds a lone surrogate)"),
+    ("nan.json", '[{"id": "a", "task": "t", "interval_s": NaN}]',
+     "row 1: interval_s: must be a finite number"),
+    ("inf-meta.json", '[{"id": "a", "task": "t", "meta": {"x": -Infinity}}]',
+     "row 1: meta: must not contain NaN or Infinity"),
+    ("range.csv", "id,task,run_at\na,t,-1e20\n",
+     "row 2: run_at: must be an ISO 8601 date-time"),
+    ("year1.csv", "id,task,run_at\na,t,0001-01-01T00:00:00\n",
+     "row 2: run_at: must be from 1970-01-01 to 9999-12-31 (UTC)"),
+    ("long.jsonl", '{"id": "a", "task": "t", "name": "' + "n" * 1_000_000 + '"}\n',
+     "row 1: name: must be at most 200 characters, not 1,000,000"),
+    ("deep-cell.csv", 'id,task,meta\na,t,"' + "[" * 50_000 + '"\n',
+     "row 2: meta: must be nested at most 32 levels deep"),
+    ("shape.jsonl", '"row"\n', "file: line 1 is a JSON string, not an object"),
+    ("shape.json", '{"url": "https://a.example/1"}',
+     "file: must be a JSON array of objects, not an object (line 1)"),
+])
+def test_a_file_of_each_crash_found_by_fuzzing_exits_65_naming_row_and_field(
+        run: Run, zstore: Store, tmp_path: Path, name: str, text: str, expected: str) -> None:
+    """Each of these ended in a traceback and exit 1; nothing may be written."""
+    assert run("import", "-f", str(_write(tmp_path, "old.json", _urls(3)))).exit_code == 0
+    before = store_snapshot(zstore)
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    result = CliRunner().invoke(celery, ["-A", APP, "zsched", "import", "-f", str(path)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        result.exc_info)
+    assert result.exit_code == 65, result.output
+    assert expected in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr) < 5000, "a huge value must be shortened"
+    assert not result.stderr.startswith("row 1: file:")
+    assert store_snapshot(zstore) == before
+
+
+def test_a_file_of_surrogates_is_not_utf8_and_names_its_line(
+        run: Run, zstore: Store, tmp_path: Path) -> None:
+    """Raw surrogate bytes (CESU-8) in the file itself, not as a JSON escape."""
+    path = tmp_path / "cesu.jsonl"
+    path.write_bytes(b'{"url": "https://a.example/1"}\n{"name": "\xed\xb2\x80"}\n')
+    result = run("import", "-f", str(path))
+    assert result.exit_code == 65
+    assert "file: is not UTF-8 at line 2" in result.stderr
+    assert store_snapshot(zstore)["keys"] == 0
+
+
+@pytest.mark.parametrize(("args", "message"), ids=_short_id, argvalues=[
+    (["--id", "x", "--task", "t", "--arg", _DEEP], "invalid --arg: must be nested at most"),
+    (["--id", "x", "--task", "t", "--kwarg", "k=" + "[" * 5000 + "]" * 5000],
+     "invalid --kwarg: must be nested at most"),
+    (["--url", "http://[::1"], "invalid --url: must be an absolute http(s) URL"),
+    (["--id", "x", "--task", "t", "--cron", "0 9 * * *", "--tz", "Europe"],
+     "invalid --tz: unknown IANA time zone"),
+    (["--id", "x", "--task", "t", "--interval", "1" + "0" * 400], "invalid --interval:"),
+    (["--id", "x", "--task", "t", "--name", "n" * 100_000], "invalid --name: must be at most"),
+])
+def test_add_rejects_each_crash_found_by_fuzzing(run: Run, zstore: Store, args: list[str],
+                                                 message: str) -> None:
+    result = CliRunner().invoke(celery, ["-A", APP, "zsched", "add", *args])
+    assert result.exit_code == 65, result.output
+    assert message in result.stderr
+    assert len(result.stderr) < 1000
+    assert store_snapshot(zstore)["keys"] == 0

@@ -141,7 +141,8 @@ def test_malformed_json_names_the_line_and_column(tmp_path: Path, name: str, tex
     assert caught.value.field == "file"
     assert caught.value.row == line
     assert f"at line {line}, column {column}" in caught.value.message
-    assert str(caught.value).startswith(f"row {line}: file: malformed JSON")
+    # A whole-file problem names its line, never a row (no job row is at fault).
+    assert str(caught.value).startswith(f"file: malformed JSON at line {line}, column {column}")
 
 
 def test_a_json_document_that_is_not_an_array_is_rejected(tmp_path: Path) -> None:

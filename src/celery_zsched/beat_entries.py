@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -75,12 +76,18 @@ def job_from_entry(name: str, entry: dict[str, Any], defaults: Defaults) -> Job:
     Raises :class:`ConfigurationError` naming the entry for schedules that
     cannot be expressed (``solar``) or invalid values.
     """
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f"beat_schedule[{name!r}]: must be a dict with a task and a "
+                                 f"schedule (got {type(entry).__name__})")
     sched = entry.get("schedule")
+    # Tuples and lists become lists; other values go to Job.from_dict as they
+    # are, so a bad one is reported like any bad field instead of raising here.
+    args, kwargs = entry.get("args") or [], entry.get("kwargs") or {}
     data: dict[str, Any] = {"id": static_job_id(name), "name": name, "task": entry.get("task"),
-                            "args": list(entry.get("args") or ()),
-                            "kwargs": dict(entry.get("kwargs") or {})}
+                            "args": list(args) if isinstance(args, list | tuple) else args,
+                            "kwargs": dict(kwargs) if isinstance(kwargs, Mapping) else kwargs}
     if isinstance(sched, int | float) and not isinstance(sched, bool):
-        data["interval_s"] = float(sched)
+        data["interval_s"] = sched  # not float(): 10**400 would raise OverflowError here
     elif isinstance(sched, timedelta):
         data["interval_s"] = sched.total_seconds()
     elif isinstance(sched, crontab):
@@ -96,7 +103,11 @@ def job_from_entry(name: str, entry: dict[str, Any], defaults: Defaults) -> Job:
         raise ConfigurationError(
             f"beat_schedule[{name!r}].schedule: {type(sched).__name__} is not supported "
             "(use a number, timedelta, schedule or crontab)")
-    options = dict(entry.get("options") or {})
+    options = entry.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(f"beat_schedule[{name!r}].options: must be a dict "
+                                 f"(got {type(options).__name__})")
+    options = dict(options)
     for key in _OPTIONS:
         if key in options:
             data["expires_s" if key == "expires" else key] = options.pop(key)

@@ -32,6 +32,7 @@ from .errors import (
     JobNotFound,
     StoreUnavailable,
     ValidationError,
+    show_value,
 )
 from .importer import FORMATS, detect_format, export_row, iter_rows, parse_rows, write_rows
 from .job import Defaults, Job
@@ -157,13 +158,15 @@ def _pairs(option: str, values: Iterable[str], as_json: bool) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
-        out[key] = _maybe_json(value) if as_json else value
+        out[key] = _maybe_json(value, "kwargs") if as_json else value
     return out
 
 
-def _maybe_json(value: str) -> Any:
+def _maybe_json(value: str, field: str) -> Any:
     try:
         return json.loads(value)
+    except RecursionError as exc:  # nested past what json can read
+        raise ValidationError(field, value, "must be nested at most 32 levels deep") from exc
     except ValueError:
         return value
 
@@ -238,7 +241,7 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
         "priority": opts["priority"], "expires_s": opts["expires"],
         "meta": _pairs("--meta", opts["meta"], as_json=False),
         "kwargs": _pairs("--kwarg", opts["kwarg"], as_json=True),
-        "args": [_maybe_json(value) for value in opts["arg"]],
+        "args": [_maybe_json(value, "args") for value in opts["arg"]],
         "enabled": not opts["paused"],
     }
     return {k: v for k, v in data.items() if v is not None}
@@ -250,13 +253,12 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
 @_errors
 def add(ctx: click.Context, /, **opts: Any) -> None:
     """Add a job, or update the job with the same id; print its id and next run."""
-    data = _definition(opts)
     store = _store(ctx)
     try:
-        job = Job.from_dict(data, _defaults(ctx, store))
+        job = Job.from_dict(_definition(opts), _defaults(ctx, store))
     except ValidationError as exc:
         option = _OPTION_OF.get(exc.field, "--" + exc.field.replace("_", "-"))
-        _fail(f"invalid {option}: {exc.message} (got {exc.value!r})", EX_DATAERR)
+        _fail(f"invalid {option}: {exc.message} (got {show_value(exc.value)})", EX_DATAERR)
     report = store.upsert(job)
     info = store.get(job.id)
     _echo(ctx, job.id)

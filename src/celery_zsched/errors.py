@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from typing import Any
+
+# Values in messages are shortened: a bad value may be megabytes long, nested
+# past the recursion limit, or an int that repr() refuses (over 4300 digits).
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlong = 40
+_REPR.maxlevel = 3
+
+
+def show_value(value: Any) -> str:
+    """``repr(value)``, at most about 100 characters, and never raising."""
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits()
+        if isinstance(value, int):
+            return f"<an integer of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__}>"
+    except Exception:  # a foreign object whose __repr__ fails: name its type only
+        return f"<a {type(value).__name__}>"
 
 
 class ZSchedError(Exception):
@@ -26,11 +46,24 @@ class ValidationError(ZSchedError, ValueError):
 
     def at_row(self, row: int) -> ValidationError:
         """Return a copy of this error attributed to ``row``."""
-        return ValidationError(self.field, self.value, self.message, row)
+        return type(self)(self.field, self.value, self.message, row)
 
     def __str__(self) -> str:
         where = f"row {self.row}: " if self.row is not None else ""
-        return f"{where}{self.field}: {self.message} (got {self.value!r})"
+        return f"{where}{self.field}: {self.message} (got {show_value(self.value)})"
+
+
+class FileError(ValidationError):
+    """A whole import file is unusable: unreadable, too large, not UTF-8, malformed JSON
+    or CSV, not an array of objects, or a bad CSV header.
+
+    ``field`` is ``file`` (or the CSV column at fault) and ``row`` the 1-based
+    line of the problem, as for any :class:`ValidationError`; the message says
+    "line", never "row", because no job row is at fault: the file is.
+    """
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message} (got {show_value(self.value)})"
 
 
 class ImportValidationError(ZSchedError):

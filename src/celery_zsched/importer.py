@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import ImportValidationError, ValidationError
+from .errors import FileError, ImportValidationError, ValidationError
 from .job import Defaults, Job
 from .store import ImportReport, Store
 
@@ -75,9 +75,11 @@ def read_rows(path: str | Path, fmt: str | None = None, *,
     """Every row of a JSON array, JSON Lines or CSV file, with its line number.
 
     Rows are not validated as jobs (see :func:`parse_rows`). A file that cannot
-    be read, is larger than ``max_bytes``, is not UTF-8, is malformed, is not an
-    array of objects, or has unknown CSV columns raises :class:`ValidationError`
-    naming the field (``file`` or the column) and the line.
+    be read, is larger than ``max_bytes``, is not UTF-8, is malformed (nested
+    too deeply included), is not an array of objects, or has unknown CSV
+    columns raises :class:`~celery_zsched.errors.FileError` (a
+    :class:`ValidationError`) naming the field (``file`` or the column) and,
+    as ``row``, the line.
     """
     with _gc_paused():
         return list(iter_rows(path, fmt, max_bytes=max_bytes))
@@ -118,21 +120,21 @@ def _read_text(path: Path, max_bytes: int) -> str:
         with open(path, "rb") as fp:
             size = os.fstat(fp.fileno()).st_size
             if size > max_bytes:
-                raise ValidationError(
+                raise FileError(
                     "file", str(path), f"is {size} bytes, over the limit of {max_bytes}")
             # A pipe or FIFO reports size 0: the bounded read is the real guard.
             raw = fp.read(max_bytes + 1)
     except OSError as exc:
-        raise ValidationError("file", str(path), f"cannot be read: {exc.strerror or exc}") from exc
+        raise FileError("file", str(path), f"cannot be read: {exc.strerror or exc}") from exc
     if len(raw) > max_bytes:
-        raise ValidationError("file", str(path), f"is over the limit of {max_bytes} bytes")
+        raise FileError("file", str(path), f"is over the limit of {max_bytes} bytes")
     try:
         # utf-8-sig: spreadsheet programs put a BOM in front of CSV exports.
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ValidationError("file", str(path), f"is not UTF-8 (byte {exc.start})",
-                              row=line) from exc
+        raise FileError("file", str(path), f"is not UTF-8 at line {line} (byte {exc.start})",
+                        row=line) from exc
 
 
 def _snippet(text: str, pos: int) -> str:
@@ -141,20 +143,55 @@ def _snippet(text: str, pos: int) -> str:
     return text[start:end if end >= 0 else len(text)].strip()[:_SNIPPET]
 
 
-def _malformed(exc: json.JSONDecodeError, text: str, line_offset: int = 0) -> ValidationError:
+def _malformed(exc: json.JSONDecodeError, text: str, line_offset: int = 0) -> FileError:
     line = exc.lineno + line_offset
-    return ValidationError(
+    return FileError(
         "file", _snippet(text, exc.pos),
-        f"malformed JSON: {exc.msg} at line {line}, column {exc.colno}", row=line)
+        f"malformed JSON at line {line}, column {exc.colno}: {exc.msg}", row=line)
 
 
-def _not_an_object(value: Any, line: int) -> ValidationError:
-    return ValidationError("file", _short(value), "each row must be a JSON object", row=line)
+def _undecodable(exc: RecursionError | ValueError, text: str, pos: int, line: int
+                 ) -> FileError:
+    """A JSON value json refused with something other than a JSONDecodeError."""
+    if isinstance(exc, RecursionError):
+        what = "nested too deeply (more levels of [ and { than Python can read)"
+    else:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        what = str(exc).split(";")[0]
+    return FileError("file", _snippet(text, pos), f"malformed JSON at line {line}: {what}",
+                     row=line)
+
+
+# A JSON value of each Python type, for "line 3 is a JSON string, not an object".
+_JSON_TYPE = {str: "string", list: "array", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+
+
+def _not_an_object(value: Any, line: int) -> FileError:
+    kind = _JSON_TYPE.get(type(value), "value")
+    return FileError("file", _short(value),
+                     f"line {line} is a JSON {kind}, not an object: each row must be one "
+                     "JSON object of job fields", row=line)
 
 
 def _short(value: Any) -> Any:
-    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):  # an int over 4300 digits, or deep nesting
+        return f"<a JSON {_JSON_TYPE.get(type(value), 'value')}>"
     return value if len(text) <= _SNIPPET else text[:_SNIPPET] + "..."
+
+
+def _decode(decode: Callable[..., Any], text: str, *args: Any, line: int = 1,
+            line_offset: int = 0) -> Any:
+    """``decode(text, *args)``, every failure a :class:`FileError` naming the line."""
+    try:
+        return decode(text, *args)
+    except json.JSONDecodeError as exc:
+        raise _malformed(exc, text, line_offset) from exc
+    # RecursionError: deep nesting; ValueError: an int over 4300 digits.
+    except (RecursionError, ValueError) as exc:
+        pos = args[0] if args else 0
+        raise _undecodable(exc, text, pos, line) from exc
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -170,12 +207,11 @@ def _json_rows(text: str) -> Iterator[Row]:
     end = len(text)
     pos = ws(text, 0)
     if text[pos:pos + 1] != "[":
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise _malformed(exc, text) from exc
-        raise ValidationError("file", _short(value), "must be a JSON array of objects",
-                              row=1 + text.count("\n", 0, pos))
+        line = 1 + text.count("\n", 0, pos)
+        value = _decode(json.loads, text, line=line)
+        kind = "an object" if type(value) is dict else f"a JSON {_JSON_TYPE.get(type(value))}"
+        raise FileError("file", _short(value),
+                        f"must be a JSON array of objects, not {kind} (line {line})", row=line)
     line, counted = 1, 0
     pos = ws(text, pos + 1)
     if text[pos:pos + 1] == "]":
@@ -184,10 +220,7 @@ def _json_rows(text: str) -> Iterator[Row]:
         while True:
             line += text.count("\n", counted, pos)
             counted = pos
-            try:
-                value, pos = decode(text, pos)
-            except json.JSONDecodeError as exc:
-                raise _malformed(exc, text) from exc
+            value, pos = _decode(decode, text, pos, line=line)
             if type(value) is not dict:
                 raise _not_an_object(value, line)
             yield Row(line, value)
@@ -212,10 +245,7 @@ def _jsonl_rows(text: str) -> Iterator[Row]:
     for line, raw in enumerate(text.split("\n"), 1):
         if not raw or raw.isspace():
             continue
-        try:
-            value = loads(raw)
-        except json.JSONDecodeError as exc:
-            raise _malformed(exc, raw, line - 1) from exc
+        value = _decode(loads, raw, line=line, line_offset=line - 1)
         if type(value) is not dict:
             raise _not_an_object(value, line)
         yield Row(line, value)
@@ -236,13 +266,14 @@ def _csv_rows(text: str) -> Iterator[Row]:
             if not record:
                 continue
             if len(record) > width and any(record[width:]):
-                raise ValidationError(
+                raise FileError(
                     "file", _short(record),
-                    f"has {len(record)} cells but the header has {width} columns", row=line)
+                    f"line {line} has {len(record)} cells but the header has {width} "
+                    f"column{'s' if width != 1 else ''}", row=line)
             yield Row(line, {k: v for k, v in zip(columns, record, strict=False) if v})
-    except csv.Error as exc:
-        raise ValidationError("file", None, f"malformed CSV: {exc}",
-                              row=reader.line_num) from exc
+    except csv.Error as exc:  # includes a cell over csv.field_size_limit()
+        raise FileError("file", None, f"malformed CSV at line {reader.line_num}: {exc}",
+                        row=reader.line_num) from exc
 
 
 def _csv_header(header: list[str]) -> list[str]:
@@ -250,10 +281,10 @@ def _csv_header(header: list[str]) -> list[str]:
     seen: set[str] = set()
     for name in columns:
         if name not in _COLUMN_SET:
-            raise ValidationError(name, name, f"unknown column; known: {', '.join(COLUMNS)}",
-                                  row=1)
+            raise FileError(name, name, "unknown column in the header (line 1); known: "
+                                        f"{', '.join(COLUMNS)}", row=1)
         if name in seen:
-            raise ValidationError(name, name, "duplicate column", row=1)
+            raise FileError(name, name, "duplicate column in the header (line 1)", row=1)
         seen.add(name)
     return columns
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import math
+import numbers
 import random
 import re
 from collections.abc import Mapping
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import Settings
-from .errors import ValidationError
+from .errors import ValidationError, show_value
 from .timing import (
     DAY_RULES,
     UTC,
@@ -28,7 +30,8 @@ from .timing import (
     ms_to_dt,
 )
 
-_ID_RE = re.compile(r"^[A-Za-z0-9_.:@/\-]{1,200}$")
+# \Z, not $: "$" also matches before a final newline, which let "job\n" pass.
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:@/\-]{1,200}\Z")
 _TIME_FIELDS = ("run_at", "start_at", "end_at")
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
@@ -220,7 +223,7 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
         raise ValidationError("row", data, "must be a JSON object")
     for key in data:
         if key not in _FIELD_SET:
-            raise ValidationError(str(key), data[key], "unknown field")
+            raise ValidationError(_field_name(key), data[key], "unknown field")
     values: dict[str, Any] = {k: v for k, v in data.items() if v is not None and v != ""}
 
     url = values.get("url")
@@ -256,6 +259,11 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
     return job
 
 
+def _field_name(key: Any) -> str:
+    # str() of a key can raise (an int over 4300 digits) or be megabytes long.
+    return key[:100] if isinstance(key, str) else show_value(key)
+
+
 def _identity(values: Mapping[str, Any], url: str | None,
               defaults: Defaults) -> tuple[str, str]:
     job_id = values.get("id")
@@ -268,6 +276,9 @@ def _identity(values: Mapping[str, Any], url: str | None,
     task = values.get("task", defaults.task if url is not None else None)
     if not isinstance(task, str) or not task.strip():
         raise ValidationError("task", task, "a job without a url needs a task name")
+    problem = _text_problem(task.strip(), _MAX_LEN["task"])
+    if problem:
+        raise ValidationError("task", task, problem)
     return job_id, task.strip()
 
 
@@ -304,14 +315,68 @@ def _check_serialisable(job: Job) -> None:
     # The other fields are checked primitives: only the containers can fail to
     # serialise, and encoding just them is much cheaper than job.to_json().
     for name, value in (("meta", job.meta), ("args", job.args), ("kwargs", job.kwargs)):
-        try:
-            if value:
-                _encode(value)
-        except (TypeError, ValueError) as exc:
-            raise ValidationError(name, value, f"must be JSON-serialisable: {exc}") from exc
+        if value:
+            problem = _json_problem(value)
+            if problem:
+                raise ValidationError(name, value, problem)
+    # The cron text was checked by croniter (in _timing); only its length is left.
+    if job.cron is not None and len(job.cron) > _MAX_LEN["cron"]:
+        raise ValidationError("cron", job.cron, f"must be at most {_MAX_LEN['cron']} characters")
 
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+def _json_problem(value: Any) -> str | None:
+    """Why a meta/args/kwargs value cannot be stored everywhere a job goes, or None.
+
+    Redis, Celery messages, SQL JSON columns and exports all hold it, so it
+    must be strict JSON: no NaN or Infinity, string keys, valid Unicode
+    without NUL (PostgreSQL's jsonb refuses ``\\u0000``), bounded depth and size.
+    """
+    problem = _shape_problem(value)
+    if problem:
+        return problem
+    try:
+        text = _encode(value)
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            return "must not contain NaN or Infinity (not JSON)"
+        return f"must be JSON-serialisable: {exc}"  # e.g. an int over 4300 digits
+    except TypeError as exc:
+        return f"must be JSON-serialisable: {exc}"
+    if len(text) > _MAX_JSON_CHARS:
+        return f"must be at most {_MAX_JSON_CHARS:,} characters as JSON, not {len(text):,}"
+    # ensure_ascii=False leaves surrogates as they are and escapes only NUL and
+    # other control characters: an ASCII text without a \u0000 escape is clean.
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        return "must not contain NUL characters"
+    if not text.isascii() and _SURROGATE.search(text):
+        return "must be valid Unicode (it holds a lone surrogate)"
+    return None
+
+
+def _shape_problem(value: Any) -> str | None:
+    # Iterative, not recursive: the values that fail here are the ones nested
+    # past the interpreter's recursion limit. The item budget also bounds a
+    # structure that shares one list many times (its JSON would be huge).
+    budget = _MAX_JSON_CHARS  # every item takes at least one character of JSON
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            return f"must be nested at most {_MAX_DEPTH} levels deep"
+        budget -= len(node)
+        if budget < 0:
+            return f"must be at most {_MAX_JSON_CHARS:,} characters as JSON"
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                return "must have only string keys (JSON object keys are strings)"
+            node = node.values()
+        stack.extend((item, depth + 1) for item in node if isinstance(item, dict | list | tuple))
+    return None
+
+
+# Strict JSON: NaN and Infinity raise instead of writing what no JSON parser
+# (nor PostgreSQL's jsonb) reads back.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 # Cached: one bulk upsert asks for the same slot for every job that shares a
@@ -337,26 +402,79 @@ def _cron_problem(expr: str, day_rule: str = "or") -> str | None:
     return None
 
 
+# ------------------------------------------------------------- field checks
+# Limits that keep every accepted job storable everywhere it goes: Redis, a
+# Celery message, the Django model (its max_length and integer columns), an
+# export, and a message that quotes it.
+#: Longest text of each field: the Django model's max_length.
+_MAX_LEN = {"name": 200, "task": 200, "queue": 200, "routing_key": 200, "url": 2000,
+            "cron": 120, "timezone": 64}
+#: Longest duration (interval, jitter, expiry, grace, retry base): 100 years,
+#: so now + interval + jitter is always a due time before year 10000.
+_MAX_SECONDS = 3_155_760_000
+#: Largest ``max_runs``: what a SQL integer column (PositiveIntegerField) holds.
+_MAX_INT = 2**31 - 1
+#: Deepest meta/args/kwargs, and their largest JSON encoding.
+_MAX_DEPTH = 32
+_MAX_JSON_CHARS = 1 << 20
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A \u0000 escape in JSON text (its backslash not itself escaped).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_URL_SPACE = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def _text_problem(value: str, limit: int | None) -> str | None:
+    """Why a text cannot be stored (too long, NUL, lone surrogate), or None."""
+    if limit is not None and len(value) > limit:
+        return f"must be at most {limit} characters, not {len(value):,}"
+    if value.isascii():  # the common case, and a cheap test
+        return "must not contain NUL characters" if "\x00" in value else None
+    found = _BAD_CHAR.search(value)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "must not contain NUL characters"
+    # Surrogates cannot be encoded as UTF-8: Redis, SQL and the broker would refuse them.
+    return "must be valid Unicode (it holds a lone surrogate)"
+
+
 def _url(value: Any) -> str:
     if not isinstance(value, str):
         raise ValidationError("url", value, "must be a string")
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc or " " in value.strip():
+    url = value.strip()
+    problem = _text_problem(url, _MAX_LEN["url"])
+    if problem:
+        raise ValidationError("url", value, problem)
+    # urlsplit silently drops tabs and newlines, so look for them first.
+    if _URL_SPACE.search(url):
+        raise ValidationError("url", value, "must not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  -- raises ValueError for a port out of 0-65535
+    except ValueError as exc:  # "Invalid IPv6 URL" for http://[::1
+        raise ValidationError("url", value, f"must be an absolute http(s) URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValidationError("url", value, "must be an absolute http(s) URL")
-    return value.strip()
+    return url
 
 
 def _timezone(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValidationError("timezone", value, "must be an IANA time zone name")
+    if _text_problem(value, _MAX_LEN["timezone"]):
+        raise ValidationError("timezone", value, "unknown IANA time zone")
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    # OSError: a folder of the zone database ("Europe" -> IsADirectoryError),
+    # or a name the file system refuses.
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValidationError("timezone", value, "unknown IANA time zone") from exc
     return value
 
 
 def _number(values: Mapping[str, Any], name: str, minimum: float) -> float | None:
+    """A duration in seconds, finite, from ``minimum`` to 100 years."""
     raw = values.get(name)
     if raw is None:
         return None
@@ -364,26 +482,36 @@ def _number(values: Mapping[str, Any], name: str, minimum: float) -> float | Non
         if isinstance(raw, bool):
             raise TypeError
         number = float(raw)
-    except (TypeError, ValueError) as exc:
+    # OverflowError: an int past any float (10**400, valid JSON).
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValidationError(name, raw, "must be a number") from exc
     if not math.isfinite(number) or number < minimum:
         raise ValidationError(name, raw, f"must be a finite number >= {minimum:g}")
+    if number > _MAX_SECONDS:
+        raise ValidationError(name, raw, f"must be at most {_MAX_SECONDS:,} (100 years)")
     return number
 
 
 def _integer(values: Mapping[str, Any], name: str, low: int, high: int | None) -> int | None:
+    """An integer from ``low`` to ``high`` (``None``: the largest a SQL integer column holds)."""
     raw = values.get(name)
     if raw is None:
         return None
-    try:
-        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-            raise TypeError
+    high = _MAX_INT if high is None else high
+    number: int | None = None
+    if isinstance(raw, bool):
+        pass
+    # is_integer() is False for NaN and the infinities.
+    elif isinstance(raw, numbers.Integral) or (isinstance(raw, float) and raw.is_integer()):
         number = int(raw)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(name, raw, "must be an integer") from exc
-    if number < low or (high is not None and number > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ValidationError(name, raw, f"must be {bound}")
+    elif isinstance(raw, str):
+        # int() of over 4300 digits raises ValueError too; a bound is all we need.
+        with contextlib.suppress(ValueError):
+            number = int(raw)
+    if number is None:
+        raise ValidationError(name, raw, "must be an integer")
+    if not low <= number <= high:
+        raise ValidationError(name, raw, f"must be between {low} and {high}")
     return number
 
 
@@ -391,7 +519,9 @@ def _bool(values: Mapping[str, Any], name: str) -> bool:
     raw = values.get(name, True)
     if isinstance(raw, bool):
         return raw
-    text = str(raw).strip().lower()
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    text = raw.strip().lower() if isinstance(raw, str) else None
     if text in _TRUE:
         return True
     if text in _FALSE:
@@ -403,6 +533,9 @@ def _text(values: Mapping[str, Any], name: str) -> str:
     raw = values.get(name, "")
     if not isinstance(raw, str):
         raise ValidationError(name, raw, "must be a string")
+    problem = _text_problem(raw, _MAX_LEN.get(name))
+    if problem:
+        raise ValidationError(name, raw, problem)
     return raw
 
 
@@ -412,10 +545,16 @@ def _opt_text(values: Mapping[str, Any], name: str) -> str | None:
 
 def _container(values: Mapping[str, Any], name: str, kind: type) -> Any:
     raw = values.get(name, kind())
-    if isinstance(raw, str):
+    if isinstance(raw, str):  # a CSV cell or a form field holding JSON
+        if len(raw) > _MAX_JSON_CHARS:
+            raise ValidationError(name, raw, f"must be at most {_MAX_JSON_CHARS:,} characters "
+                                             "as JSON")
         try:
             raw = json.loads(raw)
-        except ValueError as exc:
+        except RecursionError as exc:  # json recurses once per level of nesting
+            raise ValidationError(name, raw, f"must be nested at most {_MAX_DEPTH} levels "
+                                             "deep") from exc
+        except ValueError as exc:  # malformed, or an int over 4300 digits
             raise ValidationError(name, raw, f"must be a JSON {kind.__name__}") from exc
     if not isinstance(raw, kind):
         raise ValidationError(name, raw, f"must be a {'list' if kind is list else 'JSON object'}")
@@ -430,7 +569,8 @@ def _time(values: Mapping[str, Any], name: str, tz: ZoneInfo) -> int | None:
     if isinstance(raw, datetime):
         dt = raw
     elif isinstance(raw, int | float) and not isinstance(raw, bool):
-        if not math.isfinite(raw) or raw < 0 or raw >= _MAX_EPOCH_S:
+        # A chained comparison, not float(): it is exact for 10**400 and false for NaN.
+        if not 0 <= raw < _MAX_EPOCH_S:
             raise ValidationError(name, raw, "must be a non-negative epoch time before year 10000")
         return int(raw * 1000)
     elif isinstance(raw, str):
@@ -443,6 +583,17 @@ def _time(values: Mapping[str, Any], name: str, tz: ZoneInfo) -> int | None:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=tz)
     try:
-        return dt_to_ms(dt.astimezone(UTC))
-    except OverflowError as exc:  # 9999-12-31T23:00-05:00 is past datetime.max in UTC
-        raise ValidationError(name, raw, "must be before year 10000 (UTC)") from exc
+        ms = dt_to_ms(dt.astimezone(UTC))
+    # OverflowError: 9999-12-31T23:00-05:00 is past datetime.max in UTC (and
+    # 0001-01-01T00:00+01:00 before datetime.min); ValueError, TypeError: a
+    # foreign tzinfo with a bad utcoffset().
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise ValidationError(name, raw, _TIME_RANGE) from exc
+    # The same range as epoch seconds: before 1970 a due time is negative, which
+    # exports and the Django admin do not expect.
+    if not 0 <= ms < _MAX_EPOCH_S * 1000:
+        raise ValidationError(name, raw, _TIME_RANGE)
+    return ms
+
+
+_TIME_RANGE = "must be from 1970-01-01 to 9999-12-31 (UTC)"

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.errors import ValidationError
 from celery_zsched.store import Store
 
 
@@ -95,8 +96,18 @@ def test_save_succeeds_and_logs_when_redis_is_down(settings: Any,
 @pytest.mark.django_db(transaction=True)
 def test_invalid_row_saved_without_validation_is_logged_not_sent(
         zstore: Store, caplog: pytest.LogCaptureFixture) -> None:
+    # save() validates: an invalid definition is never written ...
+    with pytest.raises(ValidationError):
+        ZSchedJob.objects.create(job_id="bad", task="t", cron="not cron")
+    assert not ZSchedJob.objects.exists()
+    # ... but update() bypasses save(), and a later save of the runtime mirror
+    # alone does not validate the definition: that row is logged, not sent.
+    row = ZSchedJob.objects.create(job_id="bad", task="t", cron="0 9 * * *")
+    ZSchedJob.objects.filter(pk=row.pk).update(cron="not cron")
+    row.refresh_from_db()
     with caplog.at_level(logging.ERROR, logger="celery_zsched.django"):
-        row = ZSchedJob.objects.create(job_id="bad", task="t", cron="not cron")
+        row.last_status = "complete"
+        row.save(update_fields=["last_status"])
     assert "is invalid" in caplog.text
-    assert ZSchedJob.objects.filter(pk=row.pk).exists()
-    assert zstore.get_many(["bad"]) == [None]
+    [info] = zstore.get_many(["bad"])
+    assert info is not None and info.job.cron == "0 9 * * *"  # Redis kept the last good one

@@ -36,6 +36,7 @@ from celery_zsched.store import JobInfo, Store
 from celery_zsched.timing import ms_to_dt
 
 from .conf import get_store
+from .forms import ZSchedJobForm
 from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
 
 #: Attribute of a row instance that holds its live Redis state for this request.
@@ -397,6 +398,9 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         _make_action("reset_failures", "Reset failures of selected jobs"),
     )
     inlines = (RecentRunsInline,)
+    # Its JSON fields report nesting too deep and 5000-digit numbers as field
+    # errors, where Django's would answer with a server error.
+    form = ZSchedJobForm
     radio_fields: ClassVar[dict[str, int]] = {"day_rule": admin.VERTICAL}
     readonly_fields = ("schedule_words", "next_run_detail", "redis_state", "last_outcome",
                        "last_error_full", "last_run_at", "run_count", "failure_count",

@@ -9,6 +9,7 @@ written by :func:`.history.drain` and :func:`.sync.reconcile`, never by users.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, ClassVar
@@ -20,11 +21,12 @@ from django.db import models
 from django.utils import timezone as dj_timezone
 
 from celery_zsched.errors import ValidationError
-from celery_zsched.job import Defaults, Job, job_id_for_url
+from celery_zsched.job import Defaults, Job
 from celery_zsched.timing import ms_to_dt
 
 #: Core :class:`~celery_zsched.job.Job` field -> model field, where the names differ.
 CORE_TO_MODEL: dict[str, str] = {"id": "job_id"}
+MODEL_TO_CORE: dict[str, str] = {model: core for core, model in CORE_TO_MODEL.items()}
 
 #: Definition fields, in the order of :class:`~celery_zsched.job.Job`.
 DEFINITION_FIELDS: tuple[str, ...] = (
@@ -63,6 +65,47 @@ def from_db_datetime(dt: datetime | None) -> datetime | None:
     if dt is None:
         return None
     return dj_timezone.make_aware(dt) if dj_timezone.is_naive(dt) else dt
+
+
+class JobValidationError(ValidationError, DjangoValidationError):
+    """An invalid :class:`ZSchedJob`: raised by ``full_clean()`` and ``save()``.
+
+    It is Django's ``ValidationError`` with an error dict (``message_dict``:
+    field -> messages), which forms and the admin show on each field, and at
+    the same time :class:`celery_zsched.ValidationError`, whose ``field``,
+    ``value`` and ``message`` name the first problem (core field names:
+    ``id``, not ``job_id``), as every other entry point reports it.
+    """
+
+    def __init__(self, errors: Mapping[str, list[str]], first: ValidationError) -> None:
+        ValidationError.__init__(self, first.field, first.value, first.message, first.row)
+        # Sets error_dict; its super().__init__ is Exception's in this class's MRO.
+        DjangoValidationError.__init__(self, dict(errors))
+        self.args = (str(self),)
+
+
+def raw_value_problem(field: models.Field, value: Any, instance: models.Model) -> str | None:
+    """Why ``field.clean(value)`` would raise something other than a ValidationError.
+
+    Also refuses what Django's own cleaning lets through to fail in ``save()``:
+    ``None`` in a NOT NULL column (``meta``, ``args``, ``kwargs``) and ``""``
+    in a number or date-time column. Anything Django reports itself is left to it.
+    """
+    if value is None:
+        return None if field.null else "must not be null (give {} or [] for none)"
+    if isinstance(value, str) and not value and not isinstance(field, models.CharField):
+        return "must not be an empty string (give None for none)"
+    try:
+        field.clean(value, instance)
+    except DjangoValidationError:
+        return None
+    except RecursionError:
+        return "is nested too deeply"
+    except OverflowError:
+        return "is out of range"
+    except (TypeError, ValueError, ArithmeticError):
+        return f"is not a valid value of this field (a {type(value).__name__})"
+    return None
 
 
 class JobKind(models.TextChoices):
@@ -151,6 +194,12 @@ class ZSchedJob(models.Model):
     # Fields to exclude from full_clean(): clean() files errors about them as
     # non-field errors, because a ModelForm cannot show an error on a field it lacks.
     _zsched_clean_exclude: Collection[str] = ()
+    # Fields clean_fields() found invalid, and the core's error, during full_clean().
+    _zsched_failed: set[str] = set()  # noqa: RUF012  -- reassigned per instance, never mutated
+    _zsched_core_error: ValidationError | None = None
+    # definition_values() as of the last successful full_clean(): save() skips
+    # validating them again.
+    _zsched_valid: tuple[Any, ...] | None = None
 
     class Meta:
         db_table = "zsched_job"
@@ -175,7 +224,9 @@ class ZSchedJob(models.Model):
         data: dict[str, Any] = {}
         for name in DEFINITION_FIELDS:
             value = getattr(self, name)
-            if name in _TIME_FIELDS:
+            # Only datetimes: anything else (a string clean_fields() could not
+            # parse, a number) goes to Job.from_dict as it is, which rejects it.
+            if name in _TIME_FIELDS and isinstance(value, datetime):
                 value = from_db_datetime(value)
             data["id" if name == "job_id" else name] = value
         return data
@@ -216,20 +267,53 @@ class ZSchedJob(models.Model):
         self.kind = job.kind
 
     # ------------------------------------------------------------ validation
+    # full_clean() and save() never raise anything but a validation error, for
+    # any value of any field: clean_fields() first tries each definition field
+    # the way Django will (whose own cleaning raises TypeError, OverflowError
+    # or RecursionError on some values), then clean() applies the core rules.
+    # Both raise JobValidationError: Django's ValidationError for forms and the
+    # admin, and celery_zsched.ValidationError like every other entry point.
     def full_clean(self, exclude: Collection[str] | None = None, *args: Any,
                    **kwargs: Any) -> None:
         self._zsched_clean_exclude = set(exclude or ())
+        self._zsched_failed = set()
+        self._zsched_core_error = None
         try:
             super().full_clean(exclude, *args, **kwargs)
+        except DjangoValidationError as exc:
+            raise self._job_error(exc) from exc
         finally:
             self._zsched_clean_exclude = ()
+            self._zsched_failed = set()
+        # A deep copy: meta, args and kwargs may be changed in place afterwards.
+        self._zsched_valid = copy.deepcopy(self.definition_values())
+
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        skip = set(exclude or ())
+        errors: dict[str, list[str]] = {}
+        for field in self._meta.concrete_fields:
+            if field.name in DEFINITION_FIELDS and field.name not in skip:
+                problem = raw_value_problem(field, getattr(self, field.attname), self)
+                if problem:
+                    errors[field.name] = [problem]
+        try:
+            super().clean_fields(exclude=skip | set(errors))
+        except DjangoValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        # clean() leaves these to the errors above, in Django's words.
+        self._zsched_failed = set(errors)
+        if errors:
+            raise DjangoValidationError(errors)
 
     def clean(self) -> None:
         """Validate with the core rules; errors land on the model field they concern."""
         try:
             job = self.to_job()
         except ValidationError as exc:
+            self._zsched_core_error = exc
             field = model_field_for(exc.field)
+            if field in self._zsched_failed:
+                return  # clean_fields() reported this field already
             message = exc.message
             if field in self._zsched_clean_exclude:
                 field, message = NON_FIELD_ERRORS, f"{exc.field}: {exc.message}"
@@ -239,25 +323,44 @@ class ZSchedJob(models.Model):
         if not self.job_id:
             self.job_id = job.id
         self.kind = job.kind
+        for name in ("meta", "args", "kwargs"):
+            # A string holds JSON for the core (as in a CSV cell), but a JSON
+            # string for Django: store what the core read from it.
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, getattr(job, name))
+
+    def _job_error(self, exc: DjangoValidationError) -> JobValidationError:
+        errors = exc.message_dict
+        core = self._zsched_core_error
+        if core is None or not {model_field_for(core.field), NON_FIELD_ERRORS} & set(errors):
+            # A Django-only error (a type, a duplicate id): name its first field.
+            name, messages = next(iter(errors.items()))
+            value = getattr(self, name, None) if name != NON_FIELD_ERRORS else None
+            core = ValidationError(MODEL_TO_CORE.get(name, name), value, messages[0])
+        return JobValidationError(errors, core)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save, deriving ``job_id`` (from the URL) and ``kind``; Redis follows on commit."""
-        derived = []
-        if not self.job_id and self.url:
-            self.job_id = job_id_for_url(self.url.strip())
-            derived.append("job_id")
-        kind = self.derive_kind()
-        if kind != self.kind:
-            self.kind = kind
-            derived.append("kind")
+        """Validate as :meth:`full_clean` does, then save; Redis follows on commit.
+
+        A row that fails validation is never written: :class:`JobValidationError`
+        is raised instead (never ``IntegrityError`` or ``OverflowError``), so the
+        database holds no definition Redis cannot follow. Rows validated by
+        ``full_clean()`` and unchanged since are not validated twice; saves with
+        ``update_fields`` that name no definition field (the runtime mirror)
+        are not validated at all. ``bulk_create()``, ``update()`` and raw SQL
+        bypass this, as they bypass ``save()``: ``zsched_sync`` reports such rows.
+        """
         update_fields = kwargs.get("update_fields")
-        if update_fields is not None and derived:
-            kwargs["update_fields"] = {*update_fields, *derived}
+        if update_fields is None or not set(DEFINITION_FIELDS).isdisjoint(update_fields):
+            if self._zsched_valid != self.definition_values():
+                self.full_clean()  # derives job_id (from the URL) and kind, too
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "job_id", "kind"}
         super().save(*args, **kwargs)
 
     def derive_kind(self) -> str:
         """``cron``, ``once`` or ``interval``, as :attr:`Job.kind` would say."""
-        if self.cron and self.cron.strip():
+        if isinstance(self.cron, str) and self.cron.strip():
             return "cron"
         return "once" if self.run_at is not None else "interval"
 
