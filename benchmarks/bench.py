@@ -85,6 +85,9 @@ def make_app(cfg: Cfg) -> Any:
         zsched_redis_url=cfg.store_url,
         zsched_key_prefix=STORE_PREFIX,
         zsched_batch_size=cfg.batch_size,
+        # The storm measures how fast one beat publishes with no worker running:
+        # lift the backpressure bound, which would otherwise stop it at 10 x batch.
+        zsched_max_queued=100_000_000,
         beat_schedule={},
         broker_connection_retry_on_startup=False,
     )
