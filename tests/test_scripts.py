@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -17,9 +18,11 @@ from typing import Any
 import pytest
 import redis
 
+from celery_zsched import scripts
 from celery_zsched.config import Settings
 from celery_zsched.errors import JobNotFound
 from celery_zsched.job import Job
+from celery_zsched.keys import Keys
 from celery_zsched.store import Claimed, ReapResult, Store, task_id_for
 from tests.helpers import store_snapshot
 
@@ -60,7 +63,47 @@ def _make_due(store: Store, job_id: str) -> None:
 
 
 def _lua(name: str) -> str:
-    return resources.files("celery_zsched").joinpath(f"lua/{name}.lua").read_text("utf-8")
+    """The script as Redis runs it (with the shared prelude)."""
+    return scripts.source(name)
+
+
+# ------------------------------------------------------------------ registry
+@pytest.mark.parametrize("spec", list(scripts.SCRIPTS.values()), ids=list(scripts.SCRIPTS))
+def test_each_script_header_documents_the_keys_and_argv_its_spec_declares(
+        spec: scripts.ScriptSpec[Any]) -> None:
+    """The one Python declaration of a script and its Lua header name the same KEYS, in order,
+    and as many ARGV values (the repeated group as "groups of N")."""
+    text = resources.files("celery_zsched").joinpath(f"lua/{spec.name}.lua").read_text("utf-8")
+    header = [line for line in text.splitlines() if line.startswith("--")]
+    keys = [re.match(r"-- KEYS\[(\d+)\]\s+(\w+)", line) for line in header]
+    assert [(int(m[1]), m[2]) for m in keys if m] == list(enumerate(spec.keys, 1))
+    argv = [int(m[1]) for line in header if (m := re.match(r"-- ARGV\[(\d+)\]\s", line))]
+    assert argv == list(range(1, len(spec.args) + 1))
+    if spec.group:
+        assert f"groups of {len(spec.group)}" in "\n".join(header)
+    for name in spec.keys:
+        assert hasattr(Keys, name), name
+
+
+def test_a_script_call_with_a_missing_unknown_or_misshapen_argument_is_refused() -> None:
+    """The registry refuses what would make a script read the wrong ARGV slot."""
+    with pytest.raises(TypeError, match="missing"):
+        scripts.START.argv({"id": "j"})
+    with pytest.raises(TypeError, match="unknown"):
+        scripts.CLAIM.argv({"limit": 1, "delivery_ms": 1, "bound": 1, "lease_ms": 5})
+    with pytest.raises(TypeError, match="row"):
+        scripts.RELEASE.argv({}, [("j", 1)])
+    assert scripts.RELEASE.argv({}, [("j", 1, 2), ("k", 3, 4)]) == ["j", 1, 2, "k", 3, 4]
+
+
+def test_every_script_loads_with_the_prelude_and_no_script_reads_time_itself() -> None:
+    """now_ms and the state encoding live once, in the prelude."""
+    lua = resources.files("celery_zsched").joinpath("lua")
+    for name in scripts.SCRIPTS:
+        body = lua.joinpath(f"{name}.lua").read_text("utf-8")
+        code = "\n".join(line for line in body.splitlines() if not line.startswith("--"))
+        assert 'redis.call("TIME")' not in code and "cjson" not in code, name
+        assert scripts.source(name).startswith(lua.joinpath("_prelude.lua").read_text("utf-8"))
 
 
 # --------------------------------------------------------------------- claim

@@ -8,37 +8,41 @@ import functools
 import json
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, ParamSpec, TypeVar
 
 import redis
 from redis.commands.core import Script
 
+from . import scripts
 from .config import Settings
 from .errors import JobNotFound, StoreUnavailable
 from .job import Defaults, Job
 from .keys import Keys
+from .results import (
+    TASK_ID_NAMESPACE,
+    ClaimBatch,
+    Claimed,
+    ImportReport,
+    JobInfo,
+    ReapResult,
+    SettleResult,
+    StartResult,
+    task_id_for,
+)
+from .scripts import ScriptSpec
 from .timing import jitter_ms
+
+__all__ = [
+    "TASK_ID_NAMESPACE", "ClaimBatch", "Claimed", "ImportReport", "JobInfo", "ReapResult",
+    "SettleResult", "StartResult", "Store", "task_id_for",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
-TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
-#: Values per job in an upsert.lua call: id, definition, due, enabled, signature, gap.
-_UPSERT_ROW = 6
-_SCRIPTS = ("upsert", "claim", "start", "heartbeat", "retrying", "settle", "reap", "release",
-            "control")
 #: Status label of a settle that does not retry.
 _LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
-
-
-def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
-    """The Celery task id of one attempt of one occurrence; a redelivery reuses it."""
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}"))
 
 
 @contextlib.contextmanager
@@ -76,135 +80,6 @@ def _as_paused(job: Job, paused: bool) -> Job:
 def _first_score(*scores: float | None) -> int | None:
     """The first score that is set, as int ms (a job is in at most one of the sets)."""
     return next((int(x) for x in scores if x is not None), None)
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """One claimed occurrence, ready to publish."""
-
-    job: Job
-    occurrence: int
-    attempt: int
-    #: How many times this occurrence and attempt has been published (1 = first).
-    deliveries: int
-    due_ms: int
-    promoted_ms: int
-
-    @property
-    def task_id(self) -> str:
-        """Deterministic task id of this attempt."""
-        return task_id_for(self.job.id, self.occurrence, self.attempt)
-
-    def headers(self) -> dict[str, Any]:
-        """Message headers that let the worker settle this occurrence."""
-        headers: dict[str, Any] = {
-            "zsched_job_id": self.job.id,
-            "zsched_occurrence": self.occurrence,
-            "zsched_attempt": self.attempt,
-            "zsched_due_ms": self.due_ms,
-            "zsched_promoted_ms": self.promoted_ms,
-        }
-        if self.job.expires_s is not None:
-            # Checked by the worker's start against Redis' clock, never a host's.
-            headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
-        return headers
-
-
-@dataclass(frozen=True)
-class ClaimBatch:
-    """The result of one claim: the jobs, and when the next ones are due."""
-
-    now_ms: int
-    next_due_ms: int | None
-    #: The earliest delivery deadline or execution lease deadline.
-    next_lease_ms: int | None
-    jobs: list[Claimed]
-    #: Occurrences that may still be queued before backpressure holds jobs back.
-    room: int = 1
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """A job's definition with its live timing state."""
-
-    job: Job
-    status: str
-    due_ms: int | None
-    #: Execution lease deadline while running, delivery deadline while queued.
-    lease_until_ms: int | None
-    paused: bool
-    state: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def next_run_ms(self) -> int | None:
-        """When it runs next (``None`` when paused, finished, dead or in flight)."""
-        return self.due_ms
-
-
-@dataclass
-class ImportReport:
-    """What a bulk upsert did."""
-
-    total: int = 0
-    created: int = 0
-    updated: int = 0
-    rescheduled: int = 0
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class StartResult:
-    """What a worker's start found: ``status`` is ``ok`` only for the one delivery that runs.
-
-    ``expired`` means the message waited longer than the job's ``expires_s``
-    (on Redis' clock); ``duplicate`` that the occurrence is running or settled
-    already; ``stale`` that it is not the job's current occurrence; ``gone``
-    that the job and its state no longer exist.
-    """
-
-    status: str
-    now_ms: int | None = None
-    due_ms: int | None = None
-    promoted_ms: int | None = None
-    found: str = ""
-
-    @property
-    def runs(self) -> bool:
-        """Whether this delivery runs the task."""
-        return self.status == "ok"
-
-
-@dataclass(frozen=True)
-class ReapResult:
-    """What one reap did."""
-
-    #: Executions whose lease ended with no heartbeat, made due again.
-    redelivered: int = 0
-    #: Occurrences dead-lettered after ``max_deliveries`` crashes.
-    dead: int = 0
-    #: Messages presumed lost by the broker (a worker was alive), republished.
-    lost: int = 0
-    #: Messages past their delivery deadline while no worker was alive: kept waiting.
-    held: int = 0
-    #: Entries promoted before execution leases existed, converted to queued.
-    converted: int = 0
-    ids: tuple[str, ...] = ()
-
-    @property
-    def total(self) -> int:
-        """Occurrences that went back to the schedule or died."""
-        return self.redelivered + self.dead + self.lost
-
-
-@dataclass(frozen=True)
-class SettleResult:
-    """What a settle did: ``applied`` is False for stale or duplicate settles."""
-
-    applied: bool
-    status: str
-    label: str
-    next_due_ms: int | None = None
-    now_ms: int | None = None
 
 
 class _ScriptStream:
@@ -272,9 +147,7 @@ class Store:
         self.defaults = Defaults.from_settings(self.settings, timezone)
         self.rng = random.Random()
         self._scripts: dict[str, Script] = {
-            name: client.register_script(
-                resources.files("celery_zsched").joinpath(f"lua/{name}.lua").read_text("utf-8"))
-            for name in _SCRIPTS
+            name: client.register_script(scripts.source(name)) for name in scripts.SCRIPTS
         }
 
     @classmethod
@@ -291,9 +164,16 @@ class Store:
         """The Redis server's clock, in epoch ms."""
         return _time_ms(self.client.time())
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
-             client: Any = None) -> Any:
-        return self._scripts[name](keys=list(keys), args=list(args), client=client)
+    def _call(self, spec: ScriptSpec[R], rows: Iterable[Sequence[Any]] = (),
+              **args: Any) -> R:
+        """Run ``spec`` with its named ``args`` (and ``rows`` of its group); parse the reply."""
+        return spec.reply(self._queue(spec, None, rows, **args))
+
+    def _queue(self, spec: ScriptSpec[Any], client: Any, rows: Iterable[Sequence[Any]] = (),
+               **args: Any) -> Any:
+        """Run ``spec`` on ``client`` (a pipeline queues it): the raw reply, unparsed."""
+        return self._scripts[spec.name](keys=spec.key_names(self.keys),
+                                        args=spec.argv(args, rows), client=client)
 
     # ----------------------------------------------------------------- writes
     def upsert(self, job: Job, *, static: bool = False) -> ImportReport:
@@ -319,11 +199,12 @@ class Store:
         started = time.perf_counter()
         now = self.now_ms()
         report = ImportReport(total=total)
-        chunk: list[str] = ["1" if static else "0"]
-        keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
-                self.keys.paused, self.keys.static, self.keys.queued)
+        chunk: list[tuple[str, ...]] = []
+        flag = {"static": "1" if static else "0"}
         done = 0
-        with _ScriptStream(self.client, self._scripts["upsert"], keys) as stream:
+        upsert = scripts.UPSERT
+        with _ScriptStream(self.client, self._scripts[upsert.name],
+                           upsert.key_names(self.keys)) as stream:
             for index, job in enumerate(jobs):
                 phase = index / total if stagger and total else 0.0
                 gap = ""
@@ -332,17 +213,16 @@ class Store:
                 else:
                     due = job.first_due_ms(now, self.settings, self.rng, phase)
                     gap = self._gap_after_last_run(job)
-                chunk += [job.id, job.to_json(), "" if due is None else str(due),
-                          "1" if job.enabled else "0", job.timing_signature, gap]
-                if len(chunk) > _UPSERT_ROW * self.settings.import_chunk:
+                chunk.append((job.id, job.to_json(), "" if due is None else str(due),
+                              "1" if job.enabled else "0", job.timing_signature, gap))
+                if len(chunk) >= self.settings.import_chunk:
                     # Redis runs this chunk while the loop builds the next one.
-                    for rows, result in stream.call(chunk, (len(chunk) - 1) // _UPSERT_ROW):
-                        done = self._tally(result, report, done + rows, progress)
-                    chunk = chunk[:1]
-            rows_left = (len(chunk) - 1) // _UPSERT_ROW
-            replies = stream.call(chunk, rows_left) if rows_left else []
+                    for rows, result in stream.call(upsert.argv(flag, chunk), len(chunk)):
+                        done = self._tally(upsert.reply(result), report, done + rows, progress)
+                    chunk = []
+            replies = stream.call(upsert.argv(flag, chunk), len(chunk)) if chunk else []
             for rows, result in replies + stream.drain():
-                done = self._tally(result, report, done + rows, None)
+                done = self._tally(upsert.reply(result), report, done + rows, None)
         if progress:
             progress(done)
         report.seconds = time.perf_counter() - started
@@ -378,19 +258,16 @@ class Store:
 
     def _control(self, op: str, ids: Sequence[str],
                  dues: Sequence[int | str] | None = None) -> int:
-        args: list[Any] = [op]
-        for i, job_id in enumerate(ids):
-            args += [job_id, dues[i] if dues else 0]
-        keys = (self.keys.defs, self.keys.schedule, self.keys.leases, self.keys.state,
-                self.keys.paused, self.keys.dead, self.keys.static, self.keys.queued)
+        rows = [(job_id, dues[i] if dues else 0) for i, job_id in enumerate(ids)]
         changed, missing = 0, []
         pipe = self.client.pipeline(transaction=False)
-        for start in range(0, max(1, len(ids)), self.settings.import_chunk):
-            part = args[1 + 2 * start: 1 + 2 * (start + self.settings.import_chunk)]
-            self._run("control", keys, [op, *part], client=pipe)
+        size = self.settings.import_chunk
+        for start in range(0, max(1, len(rows)), size):
+            self._queue(scripts.CONTROL, pipe, rows[start:start + size], operation=op)
         for result in pipe.execute():
-            changed += int(result[0])
-            missing += result[1:]
+            count, not_found = scripts.CONTROL.reply(result)
+            changed += count
+            missing += not_found
         if missing and len(ids) == 1:
             raise JobNotFound(missing[0])
         return changed
@@ -546,30 +423,16 @@ class Store:
 
         Fewer are taken when the backpressure bound (``queued_bound``) is near.
         """
-        keys = (self.keys.schedule, self.keys.queued, self.keys.leases, self.keys.state,
-                self.keys.defs, self.keys.counters)
-        res = self._run("claim", keys, [limit or self.settings.batch_size,
-                                        int(self.settings.delivery_timeout_s * 1000),
-                                        self.settings.queued_bound])
-        now, next_due, next_lease, room = int(res[0]), int(res[1]), int(res[2]), int(res[3])
-        jobs = [
-            Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
-                    int(res[i + 4]), int(res[i + 5]), now)
-            for i in range(4, len(res), 6)
-        ]
-        return ClaimBatch(now, next_due if next_due >= 0 else None,
-                          next_lease if next_lease >= 0 else None, jobs, room)
+        return self._call(scripts.CLAIM, limit=limit or self.settings.batch_size,
+                          delivery_ms=int(self.settings.delivery_timeout_s * 1000),
+                          bound=self.settings.queued_bound)
 
     @_unavailable
     def release(self, claimed: Sequence[Claimed]) -> int:
         """Return claimed-but-unpublished jobs to the schedule without counting a publish."""
-        args: list[Any] = []
-        for c in claimed:
-            args += [c.job.id, c.occurrence, c.attempt]
-        if not args:
+        if not claimed:
             return 0
-        return int(self._run("release", (self.keys.queued, self.keys.schedule, self.keys.state),
-                             args))
+        return self._call(scripts.RELEASE, [(c.job.id, c.occurrence, c.attempt) for c in claimed])
 
     @_unavailable
     def start(self, job_id: str, occurrence: int, attempt: int,
@@ -579,17 +442,9 @@ class Store:
         Only one delivery of an occurrence and attempt gets ``runs``; the worker
         must keep the lease alive with :meth:`heartbeat` while the task runs.
         """
-        keys = (self.keys.state, self.keys.queued, self.keys.leases, self.keys.schedule,
-                self.keys.counters)
-        res = self._run("start", keys, [job_id, occurrence, attempt,
-                                        int(self.settings.lease_s * 1000),
-                                        "" if expires_ms is None else expires_ms])
-        status = str(res[0])
-        if status == "ok":
-            return StartResult(status, int(res[1]), int(res[2]), int(res[3]))
-        if status == "expired":
-            return StartResult(status, int(res[1]), None, int(res[2]))
-        return StartResult(status, found=str(res[1]) if len(res) > 1 else "")
+        return self._call(scripts.START, id=job_id, occurrence=occurrence, attempt=attempt,
+                          lease_ms=int(self.settings.lease_s * 1000),
+                          expires_ms="" if expires_ms is None else expires_ms)
 
     @_unavailable
     def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "") -> list[str]:
@@ -598,12 +453,8 @@ class Store:
         ``worker``, when given, is recorded as alive. Returns the ids that are no
         longer running (settled, reaped or superseded): stop beating for them.
         """
-        args: list[Any] = [int(self.settings.lease_s * 1000), worker]
-        for job_id, occurrence, attempt in running:
-            args += [job_id, occurrence, attempt]
-        res = self._run("heartbeat", (self.keys.leases, self.keys.state, self.keys.workers),
-                        args)
-        return [str(i) for i in res]
+        return self._call(scripts.HEARTBEAT, running,
+                          lease_ms=int(self.settings.lease_s * 1000), worker=worker)
 
     @_unavailable
     def forget_worker(self, worker: str) -> None:
@@ -618,25 +469,17 @@ class Store:
         deadline of ``countdown_s`` plus ``delivery_timeout_s``.
         """
         deadline = int((countdown_s + self.settings.delivery_timeout_s) * 1000)
-        res = self._run("retrying", (self.keys.leases, self.keys.queued, self.keys.state),
-                        [job_id, occurrence, attempt, deadline])
-        return bool(res)
+        return self._call(scripts.RETRYING, id=job_id, occurrence=occurrence, attempt=attempt,
+                          deadline_ms=deadline)
 
     @_unavailable
     def reap(self, limit: int | None = None, max_deliveries: int | None = None) -> ReapResult:
         """Redeliver crashed executions and lost messages; hold back ones that only wait."""
-        keys = (self.keys.leases, self.keys.queued, self.keys.schedule, self.keys.state,
-                self.keys.dead, self.keys.defs, self.keys.counters, self.keys.workers)
-        res = self._run("reap", keys, [
-            limit or self.settings.batch_size,
-            max_deliveries or self.settings.max_deliveries,
-            int(self.settings.delivery_timeout_s * 1000),
-            # Three missed heartbeats and a worker is presumed gone.
-            int(self.settings.heartbeat_s * 3000),
-        ])
-        redelivered, dead, lost, held, converted = (int(n) for n in res[:5])
-        return ReapResult(redelivered, dead, lost, held, converted,
-                          ids=tuple(str(i) for i in res[5:]))
+        return self._call(scripts.REAP, limit=limit or self.settings.batch_size,
+                          max_deliveries=max_deliveries or self.settings.max_deliveries,
+                          delivery_ms=int(self.settings.delivery_timeout_s * 1000),
+                          # Three missed heartbeats and a worker is presumed gone.
+                          alive_ms=int(self.settings.heartbeat_s * 3000))
 
     @_unavailable
     def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
@@ -649,8 +492,6 @@ class Store:
         """
         if outcome not in ("complete", "error", "skip"):
             raise ValueError(f"unknown outcome {outcome!r}")
-        keys = (self.keys.schedule, self.keys.leases, self.keys.state, self.keys.defs,
-                self.keys.paused, self.keys.events, self.keys.counters, self.keys.queued)
         for _ in range(5):
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(self.keys.defs, job_id)
@@ -666,20 +507,21 @@ class Store:
                 job = Job.from_json(raw)
                 label, next_due, next_occ, next_attempt = self._decide(
                     job, outcome, occurrence, attempt, now, retry_after_s)
-            res = self._run("settle", keys, [
-                job_id, occurrence, attempt, outcome, label,
-                "" if next_due is None else next_due, next_occ, next_attempt,
-                error[:2000], job.timing_signature if job else "",
-                (job.max_runs or 0) if job else 0,
-                self.settings.events_maxlen, json.dumps(event or {}, separators=(",", ":")),
-            ])
-            if res[0] == "changed":
+            verdict, status, settled_ms = self._call(
+                scripts.SETTLE, id=job_id, occurrence=occurrence, attempt=attempt,
+                outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
+                next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
+                signature=job.timing_signature if job else "",
+                max_runs=(job.max_runs or 0) if job else 0,
+                events_maxlen=self.settings.events_maxlen,
+                event=json.dumps(event or {}, separators=(",", ":")))
+            if verdict == "changed":
                 continue
             if job is None:
                 return SettleResult(False, "deleted", label)
-            if res[0] == "ok":
-                return SettleResult(True, res[1], label, next_due, int(res[2]))
-            return SettleResult(False, res[0], label)
+            if verdict == "ok" and status is not None:
+                return SettleResult(True, status, label, next_due, settled_ms)
+            return SettleResult(False, verdict, label)
         return SettleResult(False, "changed", outcome)
 
     def _decide(self, job: Job, outcome: str, occurrence: int, attempt: int, now: int,

@@ -20,8 +20,7 @@
 --          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms}
 local schedule, queued, leases, state, defs, counters =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local deliver_by = now + tonumber(ARGV[2])
 local room = tonumber(ARGV[3]) - redis.call("ZCARD", queued)
 local limit = math.min(tonumber(ARGV[1]), room)
@@ -36,11 +35,11 @@ if limit > 0 then
     local def = redis.call("HGET", defs, id)
     if def then
       local raw = redis.call("HGET", state, id)
-      local st = raw and cjson.decode(raw) or {o = score, a = 1, d = 0, r = 0, f = 0, c = 0}
+      local st = raw and decode_state(raw) or new_state(score)
       st.x = (st.x or 0) + 1
       st.s, st.due, st.p = "queued", score, now
       redis.call("ZADD", queued, deliver_by, id)
-      redis.call("HSET", state, id, cjson.encode(st))
+      redis.call("HSET", state, id, encode_state(st))
       claimed = claimed + 1
       out[#out + 1] = id
       out[#out + 1] = def

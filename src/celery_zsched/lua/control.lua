@@ -20,8 +20,7 @@
 local defs, schedule, leases, state, paused, dead, static, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local op = ARGV[1]
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local out = {0}
 
 for i = 2, #ARGV, 2 do
@@ -30,7 +29,7 @@ for i = 2, #ARGV, 2 do
     out[#out + 1] = id
   else
     local raw = redis.call("HGET", state, id)
-    local st = raw and cjson.decode(raw) or {o = now, a = 1, d = 0, r = 0, f = 0, c = 0}
+    local st = raw and decode_state(raw) or new_state(now)
     local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
     local changed = false
     if op == "delete" then
@@ -79,7 +78,7 @@ for i = 2, #ARGV, 2 do
     else
       return redis.error_reply("unknown operation " .. op)
     end
-    if st then redis.call("HSET", state, id, cjson.encode(st)) end
+    if st then redis.call("HSET", state, id, encode_state(st)) end
     if changed then out[1] = out[1] + 1 end
   end
 end

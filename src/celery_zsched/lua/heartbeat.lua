@@ -14,15 +14,14 @@
 -- ARGV[3..] groups of 3: id, occurrence, attempt
 -- Returns the ids whose occurrence is no longer running (stop beating for them)
 local leases, state, workers = KEYS[1], KEYS[2], KEYS[3]
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local until_ms = now + tonumber(ARGV[1])
 if ARGV[2] ~= "" then redis.call("ZADD", workers, now, ARGV[2]) end
 local gone = {}
 for i = 3, #ARGV, 3 do
   local id = ARGV[i]
   local raw = redis.call("HGET", state, id)
-  local st = raw and cjson.decode(raw)
+  local st = raw and decode_state(raw)
   if st and st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "running"
       and redis.call("ZSCORE", leases, id) then
     redis.call("ZADD", leases, "XX", until_ms, id)

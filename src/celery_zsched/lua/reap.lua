@@ -31,8 +31,7 @@
 --          redelivered, dead-lettered or republished}
 local leases, queued, schedule, state, dead, defs, counters, workers =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {0, 0, 0, 0, 0}
@@ -40,7 +39,7 @@ local out = {0, 0, 0, 0, 0}
 -- The state of a live job, or nil (forgetting the state of a deleted one).
 local function live_state(id)
   local raw = redis.call("HGET", state, id)
-  if raw and redis.call("HEXISTS", defs, id) == 1 then return cjson.decode(raw) end
+  if raw and redis.call("HEXISTS", defs, id) == 1 then return decode_state(raw) end
   if raw then redis.call("HDEL", state, id) end
   return nil
 end
@@ -56,7 +55,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
   if st and st.s == "leased" then
     st.s, st.d = "queued", 0
     redis.call("ZADD", queued, (st.p or now) + delivery_ms, id)
-    redis.call("HSET", state, id, cjson.encode(st))
+    redis.call("HSET", state, id, encode_state(st))
     out[5] = out[5] + 1
   elseif st and st.s == "running" then
     st.d = (st.d or 0) + 1
@@ -68,7 +67,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
       reschedule(id, st)
       out[1] = out[1] + 1
     end
-    redis.call("HSET", state, id, cjson.encode(st))
+    redis.call("HSET", state, id, encode_state(st))
     out[#out + 1] = id
   end
 end
@@ -85,7 +84,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0,
   else
     redis.call("ZREM", queued, id)
     reschedule(id, st)
-    redis.call("HSET", state, id, cjson.encode(st))
+    redis.call("HSET", state, id, encode_state(st))
     out[3] = out[3] + 1
     out[#out + 1] = id
   end

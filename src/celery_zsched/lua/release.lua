@@ -14,12 +14,12 @@ for i = 1, #ARGV, 3 do
   local id = ARGV[i]
   local raw = redis.call("HGET", state, id)
   if raw then
-    local st = cjson.decode(raw)
+    local st = decode_state(raw)
     if st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "queued"
         and redis.call("ZREM", queued, id) == 1 then
       st.s, st.x = "scheduled", math.max(0, (st.x or 1) - 1)
       redis.call("ZADD", schedule, st.due or st.o, id)
-      redis.call("HSET", state, id, cjson.encode(st))
+      redis.call("HSET", state, id, encode_state(st))
       released = released + 1
     end
   end

@@ -16,12 +16,11 @@ local leases, queued, state = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
 local raw = redis.call("HGET", state, id)
 if not raw then return 0 end
-local st = cjson.decode(raw)
+local st = decode_state(raw)
 if st.o ~= tonumber(ARGV[2]) or st.a ~= tonumber(ARGV[3]) or st.s ~= "running" then return 0 end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call("ZREM", leases, id)
 redis.call("ZADD", queued, now + tonumber(ARGV[4]), id)
 st.s, st.p = "queued", now
-redis.call("HSET", state, id, cjson.encode(st))
+redis.call("HSET", state, id, encode_state(st))
 return 1

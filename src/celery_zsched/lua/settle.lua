@@ -36,15 +36,14 @@ local raw = redis.call("HGET", state, id)
 if not raw then return {"stale"} end
 -- A settle may come from a worker (running) or for an occurrence that never
 -- started (expired at start, revoked, rejected): both are current while queued.
-local st = cjson.decode(raw)
+local st = decode_state(raw)
 if st.o ~= occ or st.a ~= attempt or st.s == "finished" or st.s == "dead" then
   return {"stale"}
 end
 local deleted = redis.call("HEXISTS", defs, id) == 0
 if not deleted and st.g ~= nil and st.g ~= ARGV[10] then return {"changed"} end
 
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call("ZREM", leases, id)
 redis.call("ZREM", queued, id)
 redis.call("ZREM", schedule, id)
@@ -79,5 +78,5 @@ else
     redis.call("ZADD", schedule, next_due, id)
   end
 end
-redis.call("HSET", state, id, cjson.encode(st))
+redis.call("HSET", state, id, encode_state(st))
 return {"ok", st.s, now}

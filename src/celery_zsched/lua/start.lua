@@ -28,7 +28,7 @@ local function drop(kind, status)
 end
 local raw = redis.call("HGET", state, id)
 if not raw then return drop("gone", "") end
-local st = cjson.decode(raw)
+local st = decode_state(raw)
 if st.o ~= occ or st.a ~= attempt then return drop("stale", st.s or "") end
 -- "leased" is the queued status of stores written before execution leases
 -- existed; "scheduled" is an occurrence whose message was presumed lost and is
@@ -36,8 +36,7 @@ if st.o ~= occ or st.a ~= attempt then return drop("stale", st.s or "") end
 if st.s ~= "queued" and st.s ~= "leased" and st.s ~= "scheduled" then
   return drop("duplicate", st.s or "")
 end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local promoted = st.p or now
 if ARGV[5] ~= "" and now > promoted + tonumber(ARGV[5]) then
   return {"expired", now, promoted}
@@ -46,6 +45,6 @@ redis.call("ZREM", queued, id)
 redis.call("ZREM", schedule, id)
 redis.call("ZADD", leases, now + tonumber(ARGV[4]), id)
 st.s, st.sa = "running", now
-redis.call("HSET", state, id, cjson.encode(st))
+redis.call("HSET", state, id, encode_state(st))
 redis.call("HINCRBY", counters, "started", 1)
 return {"ok", now, st.due or promoted, promoted}

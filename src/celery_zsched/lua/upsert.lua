@@ -31,7 +31,8 @@ for i = 2, #ARGV, 6 do
   local st
   if not raw then
     created = created + 1
-    st = {o = tonumber(due) or 0, a = 1, d = 0, r = 0, f = 0, c = 0, g = sig, s = "scheduled"}
+    st = new_state(tonumber(due) or 0)
+    st.g, st.s = sig, "scheduled"
     if due == "" then
       st.s = "finished"
     elseif enabled then
@@ -44,7 +45,7 @@ for i = 2, #ARGV, 6 do
     -- A state without a definition is an occurrence still in flight after a
     -- delete: the job is created again and continues from that occurrence.
     if is_new then created = created + 1 else updated = updated + 1 end
-    st = cjson.decode(raw)
+    st = decode_state(raw)
     local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
     if not enabled then
       redis.call("SADD", paused, id)
@@ -67,6 +68,6 @@ for i = 2, #ARGV, 6 do
     end
     st.g = sig
   end
-  redis.call("HSET", state, id, cjson.encode(st))
+  redis.call("HSET", state, id, encode_state(st))
 end
 return {created, updated, rescheduled}

@@ -1,0 +1,145 @@
+"""What the store's operations return: claimed occurrences, reports and results."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .job import Job
+
+#: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
+TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
+
+def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
+    """The Celery task id of one attempt of one occurrence; a redelivery reuses it."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}"))
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One claimed occurrence, ready to publish."""
+
+    job: Job
+    occurrence: int
+    attempt: int
+    #: How many times this occurrence and attempt has been published (1 = first).
+    deliveries: int
+    due_ms: int
+    promoted_ms: int
+
+    @property
+    def task_id(self) -> str:
+        """Deterministic task id of this attempt."""
+        return task_id_for(self.job.id, self.occurrence, self.attempt)
+
+    def headers(self) -> dict[str, Any]:
+        """Message headers that let the worker settle this occurrence."""
+        headers: dict[str, Any] = {
+            "zsched_job_id": self.job.id,
+            "zsched_occurrence": self.occurrence,
+            "zsched_attempt": self.attempt,
+            "zsched_due_ms": self.due_ms,
+            "zsched_promoted_ms": self.promoted_ms,
+        }
+        if self.job.expires_s is not None:
+            # Checked by the worker's start against Redis' clock, never a host's.
+            headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
+        return headers
+
+
+@dataclass(frozen=True)
+class ClaimBatch:
+    """The result of one claim: the jobs, and when the next ones are due."""
+
+    now_ms: int
+    next_due_ms: int | None
+    #: The earliest delivery deadline or execution lease deadline.
+    next_lease_ms: int | None
+    jobs: list[Claimed]
+    #: Occurrences that may still be queued before backpressure holds jobs back.
+    room: int = 1
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job's definition with its live timing state."""
+
+    job: Job
+    status: str
+    due_ms: int | None
+    #: Execution lease deadline while running, delivery deadline while queued.
+    lease_until_ms: int | None
+    paused: bool
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def next_run_ms(self) -> int | None:
+        """When it runs next (``None`` when paused, finished, dead or in flight)."""
+        return self.due_ms
+
+
+@dataclass
+class ImportReport:
+    """What a bulk upsert did."""
+
+    total: int = 0
+    created: int = 0
+    updated: int = 0
+    rescheduled: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What a worker's start found: ``status`` is ``ok`` only for the one delivery that runs.
+
+    ``expired`` means the message waited longer than the job's ``expires_s``
+    (on Redis' clock); ``duplicate`` that the occurrence is running or settled
+    already; ``stale`` that it is not the job's current occurrence; ``gone``
+    that the job and its state no longer exist.
+    """
+
+    status: str
+    now_ms: int | None = None
+    due_ms: int | None = None
+    promoted_ms: int | None = None
+    found: str = ""
+
+    @property
+    def runs(self) -> bool:
+        """Whether this delivery runs the task."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one reap did."""
+
+    #: Executions whose lease ended with no heartbeat, made due again.
+    redelivered: int = 0
+    #: Occurrences dead-lettered after ``max_deliveries`` crashes.
+    dead: int = 0
+    #: Messages presumed lost by the broker (a worker was alive), republished.
+    lost: int = 0
+    #: Messages past their delivery deadline while no worker was alive: kept waiting.
+    held: int = 0
+    #: Entries promoted before execution leases existed, converted to queued.
+    converted: int = 0
+    ids: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        """Occurrences that went back to the schedule or died."""
+        return self.redelivered + self.dead + self.lost
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """What a settle did: ``applied`` is False for stale or duplicate settles."""
+
+    applied: bool
+    status: str
+    label: str
+    next_due_ms: int | None = None
+    now_ms: int | None = None

@@ -1,0 +1,153 @@
+"""The Lua scripts: each one's keys, arguments and reply, declared once.
+
+A :class:`ScriptSpec` names, in order, the :class:`~celery_zsched.keys.Keys`
+a script takes as KEYS, the named values it takes as ARGV, the repeated group
+that may follow them, and the parser that turns its reply into a typed result.
+:class:`~celery_zsched.store.Store` calls scripts only through these specs, with
+keyword arguments, so no caller builds KEYS or counts strides by hand. Each
+``.lua`` file documents the same KEYS and ARGV in its header (a test checks
+that the two agree) and is loaded with the shared ``_prelude.lua`` in front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+from .job import Job
+from .keys import Keys
+from .results import ClaimBatch, Claimed, ReapResult, StartResult
+
+R = TypeVar("R")
+_PRELUDE = "_prelude"
+
+
+def source(name: str) -> str:
+    """The Lua source of script ``name`` as Redis runs it: the prelude, then the file."""
+    lua = resources.files("celery_zsched").joinpath("lua")
+    return (lua.joinpath(f"{_PRELUDE}.lua").read_text("utf-8") + "\n"
+            + lua.joinpath(f"{name}.lua").read_text("utf-8"))
+
+
+def _as_is(reply: Any) -> Any:
+    return reply
+
+
+@dataclass(frozen=True)
+class ScriptSpec(Generic[R]):
+    """One Lua script's contract: KEYS by name, ARGV by name, and its reply type."""
+
+    name: str
+    #: Attribute names of :class:`Keys`, in KEYS order.
+    keys: tuple[str, ...]
+    #: Names of the ARGV values, in order.
+    args: tuple[str, ...] = ()
+    #: Names of the values of one repeated group that follows ``args`` (0..n times).
+    group: tuple[str, ...] = ()
+    reply: Callable[[Any], R] = field(default=_as_is)
+
+    def key_names(self, keys: Keys) -> list[str]:
+        """The KEYS of this script in the store with ``keys``."""
+        return [getattr(keys, name) for name in self.keys]
+
+    def argv(self, values: Mapping[str, Any], rows: Iterable[Sequence[Any]] = ()) -> list[Any]:
+        """ARGV from named ``values`` plus ``rows`` of the repeated group.
+
+        Raises ``TypeError`` for a missing or unknown name, or a row of the wrong
+        size: a caller and a script can never disagree silently.
+        """
+        if set(values) != set(self.args):
+            missing, extra = set(self.args) - set(values), set(values) - set(self.args)
+            raise TypeError(f"{self.name}.lua: missing {sorted(missing)}, unknown {sorted(extra)}")
+        out = [values[name] for name in self.args]
+        for row in rows:
+            if len(row) != len(self.group):
+                raise TypeError(f"{self.name}.lua: a row is {self.group}, got {len(row)} values")
+            out.extend(row)
+        return out
+
+
+# ------------------------------------------------------------------ replies
+def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
+    now, next_due, next_deadline, room = (int(x) for x in res[:4])
+    jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
+                    int(res[i + 4]), int(res[i + 5]), now)
+            for i in range(4, len(res), 6)]
+    return ClaimBatch(now, next_due if next_due >= 0 else None,
+                      next_deadline if next_deadline >= 0 else None, jobs, room)
+
+
+def _start_reply(res: Sequence[Any]) -> StartResult:
+    status = str(res[0])
+    if status == "ok":
+        return StartResult(status, int(res[1]), int(res[2]), int(res[3]))
+    if status == "expired":
+        return StartResult(status, int(res[1]), None, int(res[2]))
+    return StartResult(status, found=str(res[1]) if len(res) > 1 else "")
+
+
+def _reap_reply(res: Sequence[Any]) -> ReapResult:
+    redelivered, dead, lost, held, converted = (int(n) for n in res[:5])
+    return ReapResult(redelivered, dead, lost, held, converted,
+                      ids=tuple(str(i) for i in res[5:]))
+
+
+def _ids(res: Sequence[Any]) -> list[str]:
+    return [str(i) for i in res]
+
+
+def _counts(res: Sequence[Any]) -> tuple[int, ...]:
+    return tuple(int(n) for n in res)
+
+
+def _control_reply(res: Sequence[Any]) -> tuple[int, list[str]]:
+    return int(res[0]), [str(i) for i in res[1:]]
+
+
+def _settle_reply(res: Sequence[Any]) -> tuple[str, str | None, int | None]:
+    """(``ok`` | ``stale`` | ``changed`` | ``deleted``, new status, Redis now)."""
+    if res[0] == "ok":
+        return "ok", str(res[1]), int(res[2])
+    return str(res[0]), None, None
+
+
+# ---------------------------------------------------------------- the scripts
+UPSERT = ScriptSpec(
+    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued"),
+    args=("static",),
+    group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms"),
+    reply=_counts)
+CLAIM = ScriptSpec(
+    "claim", ("schedule", "queued", "leases", "state", "defs", "counters"),
+    args=("limit", "delivery_ms", "bound"), reply=_claim_reply)
+START = ScriptSpec(
+    "start", ("state", "queued", "leases", "schedule", "counters"),
+    args=("id", "occurrence", "attempt", "lease_ms", "expires_ms"), reply=_start_reply)
+HEARTBEAT = ScriptSpec(
+    "heartbeat", ("leases", "state", "workers"),
+    args=("lease_ms", "worker"), group=("id", "occurrence", "attempt"), reply=_ids)
+RETRYING = ScriptSpec(
+    "retrying", ("leases", "queued", "state"),
+    args=("id", "occurrence", "attempt", "deadline_ms"), reply=bool)
+SETTLE = ScriptSpec(
+    "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued"),
+    args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
+          "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event"),
+    reply=_settle_reply)
+REAP = ScriptSpec(
+    "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers"),
+    args=("limit", "max_deliveries", "delivery_ms", "alive_ms"), reply=_reap_reply)
+RELEASE = ScriptSpec(
+    "release", ("queued", "schedule", "state"),
+    group=("id", "occurrence", "attempt"), reply=int)
+CONTROL = ScriptSpec(
+    "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued"),
+    args=("operation",), group=("id", "due_ms"), reply=_control_reply)
+
+#: Every script, by name.
+SCRIPTS: dict[str, ScriptSpec[Any]] = {
+    spec.name: spec
+    for spec in (UPSERT, CLAIM, START, HEARTBEAT, RETRYING, SETTLE, REAP, RELEASE, CONTROL)
+}
