@@ -26,6 +26,7 @@ from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 from celery.exceptions import CeleryCommandException
 
 from .appstore import app_timezone, store_for_app
+from .config import redact_url
 from .errors import (
     ConfigurationError,
     ImportValidationError,
@@ -105,11 +106,7 @@ def _where() -> str:
     store = ctx.meta.get(_STORE_META) if ctx is not None else None
     if not isinstance(store, Store):
         return "Redis"
-    url = store.settings.redis_url
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        url = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return f"Redis at {url} (prefix {store.keys.prefix})"
+    return f"Redis at {redact_url(store.settings.redis_url)} (prefix {store.keys.prefix})"
 
 
 def _app(ctx: click.Context) -> Any:
@@ -370,16 +367,6 @@ def _import_from(ctx: click.Context, source: str, prefix: str | None, url: str |
         _echo(ctx, line)
 
 
-def _unique(jobs: Iterable[Job]) -> Iterator[Job]:
-    # HSCAN may return an entry twice while the hash is rehashed; a duplicate
-    # id would make the export fail to re-import.
-    seen: set[str] = set()
-    for job in jobs:
-        if job.id not in seen:
-            seen.add(job.id)
-            yield job
-
-
 @contextlib.contextmanager
 def _output(path: str) -> Iterator[TextIO]:
     """stdout for ``-``; else a temporary file that replaces ``path`` only on success."""
@@ -425,7 +412,7 @@ def export(ctx: click.Context, path: str, fmt: str | None) -> None:
     store = _store(ctx)
     started = time.perf_counter()
     with _output(path) as fp:
-        count = write_rows(_unique(store.iter_jobs()), fp, fmt)
+        count = write_rows(store.iter_jobs(), fp, fmt)
     where = "stdout" if path == "-" else path
     click.echo(f"exported {count} job(s) to {where} in {time.perf_counter() - started:.2f}s",
                err=True)

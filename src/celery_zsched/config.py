@@ -175,3 +175,14 @@ def _coerce(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
     except (TypeError, ValueError):
         pass
     raise ConfigurationError(f"{source} must be a {kind.__name__}, got {raw!r}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials masked, for logs and banners.
+
+    The last ``@`` ends the credentials: a password may contain ``@`` itself.
+    """
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url

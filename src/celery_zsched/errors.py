@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import redis
 
 # Values in messages are shortened: a bad value may be megabytes long, nested
 # past the recursion limit, or an int that repr() refuses (over 4300 digits).
@@ -89,6 +92,15 @@ class JobNotFound(ZSchedError, KeyError):
 
 class StoreUnavailable(ZSchedError):
     """Redis could not be reached; the operation did not happen and can be retried."""
+
+
+@contextlib.contextmanager
+def redis_unavailable() -> Iterator[None]:
+    """Turn Redis connection failures into :class:`StoreUnavailable` (the one translation)."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
 
 
 class BrokerUnavailable(ZSchedError):

@@ -12,7 +12,7 @@ from celery.beat import Scheduler
 
 from .appstore import app_timezone
 from .beat_entries import job_from_entry
-from .config import Settings
+from .config import Settings, redact_url
 from .errors import BrokerUnavailable, StoreUnavailable
 from .job import Defaults
 from .publish import publish_batch
@@ -95,7 +95,7 @@ class ZSchedScheduler(Scheduler):
     def info(self) -> str:
         # Shown in beat's banner; must not connect.
         settings = Settings.from_app(self.app)
-        return f"    . zsched -> {_redact(settings.redis_url)} prefix={settings.key_prefix}"
+        return f"    . zsched -> {redact_url(settings.redis_url)} prefix={settings.key_prefix}"
 
     # ---------------------------------------------------------------- tick
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -189,10 +189,3 @@ class ZSchedScheduler(Scheduler):
         super().close()
         if "store" in self.__dict__:
             self.store.client.close()
-
-
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url

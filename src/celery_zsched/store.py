@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -16,7 +15,7 @@ from redis.commands.core import Script
 
 from . import scripts
 from .config import Settings
-from .errors import JobNotFound, StoreUnavailable
+from .errors import JobNotFound, redis_unavailable
 from .job import Defaults, Job
 from .keys import Keys
 from .results import (
@@ -45,19 +44,10 @@ R = TypeVar("R")
 _LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
 
 
-@contextlib.contextmanager
-def _redis_errors() -> Iterator[None]:
-    """Turn Redis connection failures into :class:`StoreUnavailable`."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
-
-
 def _unavailable(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with _redis_errors():
+        with redis_unavailable():
             return fn(*args, **kwargs)
     return wrapper
 
@@ -75,6 +65,11 @@ def _as_paused(job: Job, paused: bool) -> Job:
     pause and resume only change the set, so readers always derive it.
     """
     return job if job.enabled is not paused else dataclasses.replace(job, enabled=not paused)
+
+
+def _stream_order(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 def _first_score(*scores: float | None) -> int | None:
@@ -373,7 +368,7 @@ class Store:
         seen: set[str] = set()
         cursor = 0
         # A generator runs after the decorator returned, so it guards itself.
-        with _redis_errors():
+        with redis_unavailable():
             while True:
                 cursor, page = self.client.hscan(self.keys.defs, cursor, count=count)
                 assert isinstance(page, dict)  # HSCAN replies pairs; redis-py makes a dict
@@ -532,6 +527,49 @@ class Store:
                 return "retrying", retry, occurrence, attempt + 1
         next_due = job.next_regular_ms(now, self.settings, self.rng)
         return _LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1
+
+    @_unavailable
+    def raw_states(self, ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The runtime state of each of ``ids`` (one HMGET), ``None`` where there is none."""
+        if not ids:
+            return []
+        return [json.loads(raw) if raw else None
+                for raw in self.client.hmget(self.keys.state, list(ids))]
+
+    @_unavailable
+    def recent_events(self, since_ms: int, count: int) -> list[dict[str, str]]:
+        """The fields of the newest ``count`` settle events since ``since_ms``, newest first."""
+        rows = self.client.xrevrange(self.keys.events, min=f"{since_ms}-0", count=count)
+        return [{str(k): str(v) for k, v in (fields or {}).items()} for _sid, fields in rows or []]
+
+    @_unavailable
+    def dead_ids(self, limit: int) -> list[str]:
+        """The ids of the ``limit`` most recently dead-lettered jobs."""
+        return [str(i) for i in self.client.zrevrange(self.keys.dead, 0, limit - 1)]
+
+    @_unavailable
+    def drain_cursor(self) -> str:
+        """Stream id of the last settle event copied into run history ("0" before any)."""
+        return str(self.client.get(self.keys.drain_cursor) or "0")
+
+    @_unavailable
+    def advance_drain_cursor(self, cursor: str) -> bool:
+        """Move the drain cursor forward to ``cursor``; never backwards (drains may race)."""
+        key = self.keys.drain_cursor
+        with self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    current = pipe.get(key)
+                    if current and _stream_order(str(current)) >= _stream_order(cursor):
+                        pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.set(key, cursor)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
 
     @_unavailable
     def events(self, after: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:

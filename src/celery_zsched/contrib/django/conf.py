@@ -18,9 +18,7 @@ by itself when a test changes a relevant setting).
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -29,7 +27,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError, StoreUnavailable
+from celery_zsched.errors import ConfigurationError
 from celery_zsched.job import Defaults
 from celery_zsched.store import Store
 
@@ -142,15 +140,6 @@ def first_location(alias: str) -> str:
     if not first:
         raise ConfigurationError(f"{ALIAS_SETTING}: cache {alias!r} has no LOCATION")
     return first
-
-
-@contextlib.contextmanager
-def redis_unavailable() -> Iterator[None]:
-    """Turn connection errors of direct client calls into ``StoreUnavailable``, as Store does."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
 
 
 def reset() -> None:

@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-import redis
 from django.db import transaction
 from django.utils import timezone as dj_timezone
 
+from celery_zsched.errors import redis_unavailable
 from celery_zsched.store import Store
 
-from .conf import get_settings, get_store, redis_unavailable
+from .conf import get_settings, get_store
 from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
 from .sync import IN_CHUNK, batched
 
@@ -91,31 +91,12 @@ def _drain(store: Store, max_items: int, batch: int) -> DrainReport:
 
 def read_cursor(store: Store) -> str:
     """Stream id of the last drained entry ("0" before the first drain)."""
-    return str(store.client.get(store.keys.drain_cursor) or "0")
+    return store.drain_cursor()
 
 
 def advance_cursor(store: Store, cursor: str) -> bool:
     """Move the cursor forward to ``cursor``; never backwards (two drains may race)."""
-    key = store.keys.drain_cursor
-    with store.client.pipeline() as pipe:
-        while True:
-            try:
-                pipe.watch(key)
-                current = pipe.get(key)
-                if current and _stream_order(str(current)) >= _stream_order(cursor):
-                    pipe.unwatch()
-                    return False
-                pipe.multi()
-                pipe.set(key, cursor)
-                pipe.execute()
-                return True
-            except redis.WatchError:
-                continue
-
-
-def _stream_order(stream_id: str) -> tuple[int, int]:
-    ms, _, seq = stream_id.partition("-")
-    return int(ms or 0), int(seq or 0)
+    return store.advance_drain_cursor(cursor)
 
 
 def prune_history(days: int | None = None) -> int:
@@ -184,11 +165,10 @@ def _refresh_mirror(store: Store, events: Sequence[tuple[str, Mapping[str, str]]
     ids = list(last)
     # Counters come from the state Redis keeps (one HMGET), not from summing
     # events, so the mirror is right however often an entry is drained.
-    raw_states = store.client.hmget(store.keys.state, ids) if ids else []
     targets: dict[str, dict[str, Any]] = {}
-    for job_id, raw in zip(ids, raw_states, strict=True):
-        if raw:
-            targets[job_id] = mirror_values(json.loads(raw))
+    for job_id, state in zip(ids, store.raw_states(ids), strict=True):
+        if state is not None:
+            targets[job_id] = mirror_values(state)
         else:
             # The job left Redis since (deleted): keep its counters, record
             # the last outcome from the event itself.

@@ -11,9 +11,10 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone as dj_timezone
 
+from celery_zsched.errors import redis_unavailable
 from celery_zsched.store import Store
 
-from .conf import get_store, redis_unavailable
+from .conf import get_store
 from .models import ZSchedJob, ZSchedRun
 
 #: Most recent runs (or stream entries) the percentiles are computed from.
@@ -70,21 +71,20 @@ def _collect(store: Store, window_minutes: int, dead_sample: int) -> dict[str, A
                   .values_list("lateness_ms", "wait_ms", "duration_ms")[:SAMPLE])
     source = "run history"
     if not recent:
-        recent = _from_stream(store.client, store.keys.events,
-                              store.now_ms() - window_minutes * 60_000)
+        recent = _from_stream(store, store.now_ms() - window_minutes * 60_000)
         source = "event stream"
     out["window"] = {"minutes": window_minutes, "runs": len(recent), "source": source}
     for index, name in enumerate(("lateness_ms", "wait_ms", "duration_ms")):
         out[name] = summarize([int(v) for row in recent if (v := row[index]) is not None])
-    dead = store.client.zrevrange(store.keys.dead, 0, dead_sample - 1)
-    out["dead_letters"] = {"count": out["redis"].get("dead", 0), "recent": list(dead)}
+    out["dead_letters"] = {"count": out["redis"].get("dead", 0),
+                           "recent": store.dead_ids(dead_sample)}
     return out
 
 
-def _from_stream(client: Any, key: str, since_ms: int
+def _from_stream(store: Store, since_ms: int
                  ) -> list[tuple[int | None, int | None, int | None]]:
     rows: list[tuple[int | None, int | None, int | None]] = []
-    for _sid, fields in client.xrevrange(key, min=f"{since_ms}-0", count=SAMPLE):
+    for fields in store.recent_events(since_ms, SAMPLE):
         try:
             data = json.loads(fields.get("data") or "{}") or {}
         except ValueError:
