@@ -241,11 +241,11 @@ def test_tick_publishes_due_jobs_with_task_id_headers_and_routing(
         headers = message["headers"]
         state = store.get(job.id).state
         assert headers["zsched_job_id"] == job.id
-        assert headers["zsched_occurrence"] == state["o"]
+        assert headers["zsched_occurrence"] == state.occurrence
         assert headers["zsched_attempt"] == 1
         assert headers["zsched_due_ms"] == dues[job.id]
         assert before <= headers["zsched_promoted_ms"] <= after
-        assert headers["id"] == task_id_for(job.id, state["o"], 1)
+        assert headers["id"] == task_id_for(job.id, state.occurrence, 1)
         assert headers["task"] == job.task
     assert default_queue[0]["headers"]["task"] == "scrape"
     args, kwargs, _embed = default_queue[0]["decoded_body"]
@@ -337,9 +337,9 @@ def test_redelivery_of_an_expired_lease_is_published_again_despite_misfire_grace
     assert [m["headers"]["zsched_job_id"] for m in again] == ["lost"]
     assert again[0]["headers"]["id"] == first[0]["headers"]["id"]
     assert again[0]["headers"]["zsched_occurrence"] == first[0]["headers"]["zsched_occurrence"]
-    assert store.get("lost").state["x"] == 2
-    assert store.get("lost").state.get("d", 0) == 0, "a lost message is not a crash"
-    assert "ls" not in store.get("lost").state, "the occurrence was not settled as skipped"
+    assert store.get("lost").state.publishes == 2
+    assert store.get("lost").state.crashes == 0, "a lost message is not a crash"
+    assert store.get("lost").state.last_outcome is None, "the occurrence was not settled as skipped"
 
 
 def test_crontab_with_lists_of_numbers_becomes_a_cron_expression() -> None:

@@ -11,6 +11,7 @@ import multiprocessing
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from importlib import resources
 from typing import Any
@@ -23,6 +24,7 @@ from celery_zsched.config import Settings
 from celery_zsched.errors import JobNotFound
 from celery_zsched.job import Job
 from celery_zsched.keys import Keys
+from celery_zsched.state import RuntimeState
 from celery_zsched.store import Claimed, ReapResult, Store, task_id_for
 from tests.helpers import store_snapshot
 
@@ -49,11 +51,15 @@ def _run_one(store: Store, job: Job | None = None) -> Claimed:
     return claimed
 
 
-def _state(store: Store, job_id: str) -> dict[str, Any]:
+def _state(store: Store, job_id: str) -> RuntimeState:
     raw = store.client.hget(store.keys.state, job_id)
     assert raw is not None, f"no state for {job_id}"
-    loaded: dict[str, Any] = json.loads(raw)
-    return loaded
+    return RuntimeState.from_wire(raw)
+
+
+def _write_state(store: Store, job_id: str, state: RuntimeState) -> None:
+    """Overwrite a job's state as a script (or an older version of one) would have."""
+    store.client.hset(store.keys.state, job_id, json.dumps(state.to_wire()))
 
 
 def _make_due(store: Store, job_id: str) -> None:
@@ -181,7 +187,7 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     assert res[4:] == [job.id, job.to_json(), due, 1, 1, due]
     assert store.client.zscore(k.queued, job.id) == now + 20_000
     assert store.client.zscore(k.leases, job.id) is None
-    assert _state(store, job.id)["s"] == "queued"
+    assert _state(store, job.id).status == "queued"
     # Nothing due: the lists are empty and next_due/next_deadline still reported.
     again = store.client.eval(_lua("claim"), 6, k.schedule, k.queued, k.leases, k.state, k.defs,
                               k.counters, 10, 20_000, 50)
@@ -241,7 +247,7 @@ def test_settle_with_an_old_occurrence_changes_nothing(store: Store) -> None:
     late = store.settle(old.job.id, old.occurrence, old.attempt, "complete")
     assert (late.applied, late.status) == (False, "stale")
     assert store_snapshot(store) == before
-    assert _state(store, old.job.id)["s"] == "queued"
+    assert _state(store, old.job.id).status == "queued"
 
 
 def test_settle_with_wrong_attempt_changes_nothing(store: Store) -> None:
@@ -288,7 +294,7 @@ def test_settle_for_a_paused_job_records_outcome_without_rescheduling(store: Sto
     res = store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "complete")
     assert res.applied and res.status == "paused"
     state = _state(store, claimed.job.id)
-    assert (state["s"], state["ls"], state["r"]) == ("paused", "complete", 1)
+    assert (state.status, state.last_outcome, state.runs) == ("paused", "complete", 1)
     assert store.client.zscore(store.keys.schedule, claimed.job.id) is None
     assert store.client.zscore(store.keys.leases, claimed.job.id) is None
     assert store.client.xlen(store.keys.events) == events_before + 1
@@ -345,7 +351,7 @@ def test_expired_lease_is_redelivered_with_same_occurrence_attempt_and_task_id(
         first.occurrence, first.attempt, first.due_ms)
     assert second.task_id == first.task_id == task_id_for(first.job.id, first.occurrence, 1)
     assert (first.deliveries, second.deliveries) == (1, 2)
-    assert _state(store, first.job.id)["d"] == 1
+    assert _state(store, first.job.id).crashes == 1
     assert store.client.hget(store.keys.counters, "redelivered") == "1"
     # The redelivered occurrence starts and settles normally.
     assert store.start(second.job.id, second.occurrence, second.attempt).runs
@@ -368,7 +374,7 @@ def test_job_is_dead_lettered_after_max_deliveries(make_store: Callable[..., Sto
     assert store.client.zscore(k.dead, claimed.job.id) is not None
     assert store.client.zscore(k.schedule, claimed.job.id) is None
     assert store.client.zscore(k.leases, claimed.job.id) is None
-    assert _state(store, claimed.job.id)["s"] == "dead"
+    assert _state(store, claimed.job.id).status == "dead"
     assert store.get(claimed.job.id).status == "dead"
     assert store.client.hget(k.counters, "dead") == "1"
     assert store.claim().jobs == []
@@ -402,7 +408,7 @@ def test_waiting_past_the_delivery_deadline_with_no_worker_alive_is_not_a_failur
         time.sleep(0.07)
         assert store.reap() == ReapResult(held=1)
     state = _state(store, claimed.job.id)
-    assert (state["s"], state.get("d", 0), state["x"]) == ("queued", 0, 1)
+    assert (state.status, state.crashes, state.publishes) == ("queued", 0, 1)
     assert store.client.zscore(store.keys.schedule, claimed.job.id) is None
     assert store.claim().jobs == []  # no second message
     assert store.client.zcard(store.keys.dead) == 0
@@ -424,7 +430,7 @@ def test_message_lost_while_a_worker_is_alive_is_republished_with_the_same_task_
     assert store.client.hget(store.keys.counters, "lost") == "1"
     again = store.claim().jobs[0]
     assert (again.task_id, again.deliveries) == (claimed.task_id, 2)
-    assert _state(store, claimed.job.id).get("d", 0) == 0
+    assert _state(store, claimed.job.id).crashes == 0
     assert store.start(again.job.id, again.occurrence, again.attempt).runs
     dup = store.start(claimed.job.id, claimed.occurrence, claimed.attempt)
     assert (dup.status, dup.found) == ("duplicate", "running")
@@ -444,21 +450,21 @@ def test_entries_leased_under_the_old_meaning_become_queued_on_upgrade(
     k = store.keys
     for job in jobs:  # what the old claim.lua wrote, with a lease that just ran out
         store.client.zrem(k.schedule, job.id)
-        state = _state(store, job.id)
-        state.update(s="leased", d=4, due=now - 10, p=now - 5)
-        store.client.hset(k.state, job.id, json.dumps(state))
+        state = replace(_state(store, job.id), status="leased", crashes=4, due_ms=now - 10,
+                        promoted_ms=now - 5)
+        _write_state(store, job.id, state)
         store.client.zadd(k.leases, {job.id: now - 1})
-    occ = _state(store, "old0")["o"]
+    occ = _state(store, "old0").occurrence
     # A new worker starts old0's message before the reaper gets to it.
     assert store.start("old0", occ, 1).runs
     res = store.reap()
     assert (res.converted, res.dead, res.redelivered, res.total) == (2, 0, 0, 0)
     for job_id in ("old1", "old2"):
         state = _state(store, job_id)
-        assert (state["s"], state["d"]) == ("queued", 0)
+        assert (state.status, state.crashes) == ("queued", 0)
         assert store.client.zscore(k.queued, job_id) == now - 5 + 3_600_000
-    assert _state(store, "old0")["s"] == "running"
-    assert store.start("old1", _state(store, "old1")["o"], 1).runs
+    assert _state(store, "old0").status == "running"
+    assert store.start("old1", _state(store, "old1").occurrence, 1).runs
     assert store.settle("old0", occ, 1, "complete").applied
     assert store.client.zcard(k.dead) == 0
 
@@ -521,13 +527,11 @@ def test_start_of_a_message_older_than_its_expiry_reports_expired_on_the_redis_c
     and its settle records the error."""
     claimed = _claim_one(store)
     args = (claimed.job.id, claimed.occurrence, claimed.attempt)
-    k = store.keys
-    state = _state(store, claimed.job.id)
-    state["p"] = store.now_ms() - 5_000
-    store.client.hset(k.state, claimed.job.id, json.dumps(state))
+    state = replace(_state(store, claimed.job.id), promoted_ms=store.now_ms() - 5_000)
+    _write_state(store, claimed.job.id, state)
     res = store.start(*args, expires_ms=4_000)
     assert res.status == "expired" and not res.runs
-    assert _state(store, claimed.job.id)["s"] == "queued"
+    assert _state(store, claimed.job.id).status == "queued"
     assert store.start(*args, expires_ms=6_000).runs
     settled = store.settle(*args, "error", error="expired")
     assert settled.applied and settled.label == "retrying"
@@ -579,7 +583,7 @@ def test_release_returns_unpublished_jobs_without_counting_a_delivery(store: Sto
     assert store.client.zscore(k.schedule, claimed.job.id) == claimed.due_ms
     assert store.client.zscore(k.queued, claimed.job.id) is None
     state = _state(store, claimed.job.id)
-    assert (state["s"], state["x"]) == ("scheduled", 0)
+    assert (state.status, state.publishes) == ("scheduled", 0)
     again = store.claim().jobs[0]
     assert (again.occurrence, again.attempt, again.deliveries) == (
         claimed.occurrence, claimed.attempt, 1)
@@ -696,12 +700,13 @@ def test_reset_failures_zeroes_counters_and_revives_a_dead_job(
     claimed = _run_one(store)
     time.sleep(0.07)
     assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
-    state = _state(store, claimed.job.id)
-    state.update(c=4, f=9, e="boom")
-    store.client.hset(store.keys.state, claimed.job.id, json.dumps(state))
+    state = replace(_state(store, claimed.job.id), consecutive_failures=4, failures=9,
+                    last_error="boom")
+    _write_state(store, claimed.job.id, state)
     assert store.reset_failures(claimed.job.id) == 1
     state = _state(store, claimed.job.id)
-    assert (state["c"], state["f"], state["s"], "e" in state) == (0, 0, "scheduled", False)
+    assert (state.consecutive_failures, state.failures, state.status) == (0, 0, "scheduled")
+    assert state.last_error is None
     assert store.client.zscore(store.keys.dead, claimed.job.id) is None
     revived = store.claim().jobs
     assert [c.job.id for c in revived] == [claimed.job.id]
@@ -759,7 +764,7 @@ def test_changed_interval_moves_the_schedule(store: Store) -> None:
     assert new_due == settled.now_ms + 10_000
     assert store.get(claimed.job.id).job.interval_s == 10
     state = _state(store, claimed.job.id)
-    assert (state["o"], state["a"], state["s"]) == (new_due, 1, "scheduled")
+    assert (state.occurrence, state.attempt, state.status) == (new_due, 1, "scheduled")
 
 
 def test_changed_definition_is_updated_without_moving_the_schedule(store: Store) -> None:

@@ -266,7 +266,7 @@ def test_misfire_grace_skips_a_fire_that_is_too_late(beat: ZSchedScheduler,
     assert _published_job_ids(rclient) == ["no-grace"]
     skipped = store.get("graceful")
     assert skipped.status == "scheduled"
-    assert skipped.state["ls"] == "skipped"
+    assert skipped.state.last_outcome == "skipped"
     assert skipped.lease_until_ms is None
     assert skipped.due_ms is not None and 59_000 <= skipped.due_ms - store.now_ms() <= 60_000
     assert store.get("no-grace").status == "queued"
@@ -283,7 +283,7 @@ def test_misfire_grace_lets_a_fire_within_grace_run(beat: ZSchedScheduler,
     _make_due(store, "ontime", store.now_ms() - 5_000)
     beat.tick()
     assert _published_job_ids(rclient) == ["ontime"]
-    assert "ls" not in store.get("ontime").state
+    assert store.get("ontime").state.last_outcome is None
 
 
 # ------------------------------------------------------------------- backoff
@@ -304,7 +304,7 @@ def test_backoff_doubles_then_caps_then_falls_back_to_the_regular_run(
         assert (res.applied, res.label, res.status) == (True, "retrying", "scheduled")
         assert expected_s * 1000 - 50 <= _delay_ms(res) <= expected_s * 1000
         state = store.get(job.id).state
-        assert (state["a"], state["c"], state["f"], state["e"]) == (
+        assert (state.attempt, state.consecutive_failures, state.failures, state.last_error) == (
             attempt + 1, attempt, attempt, f"boom {attempt}")
         _make_due(store, job.id)
     assert len(task_ids) == 3, "each attempt has its own task id"
@@ -314,12 +314,13 @@ def test_backoff_doubles_then_caps_then_falls_back_to_the_regular_run(
     assert (res.label, res.status) == ("error", "scheduled")
     assert 600_000 - 50 <= _delay_ms(res) <= 600_000
     state = store.get(job.id).state
-    assert (state["o"], state["a"], state["c"], state["r"]) == (res.next_due_ms, 1, 4, 1)
+    assert (state.occurrence, state.attempt, state.consecutive_failures, state.runs) == (
+        res.next_due_ms, 1, 4, 1)
     # A success resets the failure streak.
     _make_due(store, job.id)
     ok = store.claim().jobs[0]
     assert store.settle(job.id, ok.occurrence, ok.attempt, "complete").applied
-    assert store.get(job.id).state["c"] == 0
+    assert store.get(job.id).state.consecutive_failures == 0
 
 
 def test_explicit_retry_after_overrides_the_backoff(make_store: Callable[..., Store]) -> None:
@@ -357,7 +358,7 @@ def test_max_runs_ends_a_job(store: Store) -> None:
     res = store.settle("twice", second.occurrence, second.attempt, "complete")
     assert (res.applied, res.status) == (True, "finished")
     assert store.client.zscore(store.keys.schedule, "twice") is None
-    assert store.get("twice").state["r"] == 2
+    assert store.get("twice").state.runs == 2
     assert store.claim().jobs == []
 
 

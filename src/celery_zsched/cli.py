@@ -65,15 +65,6 @@ _OPTION_OF = {
     "expires_s": "--expires", "misfire_grace_s": "--misfire-grace", "enabled": "--paused",
     "kwargs": "--kwarg", "args": "--arg",
 }
-# Readable names of the compact runtime state fields the Lua scripts keep.
-_STATE_NAMES = {
-    "s": "status", "o": "occurrence_ms", "a": "attempt", "d": "crashed_executions",
-    "x": "publishes", "due": "due_ms", "p": "promoted_ms", "sa": "started_ms",
-    "n": "next_due_ms", "r": "runs", "f": "failures",
-    "c": "consecutive_failures", "e": "last_error", "ls": "last_outcome",
-    "l": "last_settled_ms", "g": "timing_signature",
-}
-
 
 def _fail(message: str, code: int) -> NoReturn:
     raise CeleryCommandException(message=message, exit_code=code)
@@ -445,8 +436,7 @@ def list_(ctx: click.Context, limit: int, offset: int) -> None:
 def show(ctx: click.Context, job_id: str) -> None:
     """A job's definition and live state, as JSON."""
     info = _store(ctx).get(job_id)
-    state = {name: info.state[key] for key, name in _STATE_NAMES.items() if key in info.state}
-    state.update({k: v for k, v in info.state.items() if k not in _STATE_NAMES})
+    state = {k: v for k, v in info.state.to_dict().items() if v is not None}
     _echo(ctx, json.dumps({
         "id": info.job.id, "kind": info.job.kind, "status": info.status,
         "paused": info.paused, "next_run": _iso(info.due_ms),

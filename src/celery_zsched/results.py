@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .job import Job
+from .state import RuntimeState
 
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
 TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
@@ -71,7 +72,7 @@ class JobInfo:
     #: Execution lease deadline while running, delivery deadline while queued.
     lease_until_ms: int | None
     paused: bool
-    state: dict[str, Any] = field(default_factory=dict)
+    state: RuntimeState = field(default_factory=RuntimeState)
 
     @property
     def next_run_ms(self) -> int | None:

@@ -30,6 +30,7 @@ from .results import (
     task_id_for,
 )
 from .scripts import ScriptSpec
+from .state import RuntimeState
 from .timing import jitter_ms
 
 __all__ = [
@@ -295,10 +296,10 @@ class Store:
         return self._control("resume", ids, dues)
 
     def _resume_due(self, info: JobInfo, now: int) -> int | None:
-        job, last = info.job, info.state.get("l")
+        job, last = info.job, info.state.last_settled_ms
         start = now
-        if job.kind == "interval" and job.interval_s is not None and isinstance(last, int | float):
-            start = max(now, int(last) + round(job.interval_s * 1000))
+        if job.kind == "interval" and job.interval_s is not None and last is not None:
+            start = max(now, last + round(job.interval_s * 1000))
         return job.first_due_ms(start, self.settings, self.rng)
 
     @_unavailable
@@ -341,10 +342,10 @@ class Store:
             if raw is None:
                 out.append(None)
                 continue
-            state = json.loads(states[i]) if states[i] else {}
+            state = RuntimeState.from_wire(states[i])
             out.append(JobInfo(
                 job=_as_paused(Job.from_json(raw), bool(paused[i])),
-                status=state.get("s", "scheduled"),
+                status=state.status,
                 due_ms=int(dues[i]) if dues[i] is not None else None,
                 lease_until_ms=_first_score(leases[i], queued[i]),
                 paused=bool(paused[i]), state=state))
@@ -529,11 +530,11 @@ class Store:
         return _LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1
 
     @_unavailable
-    def raw_states(self, ids: Sequence[str]) -> list[dict[str, Any] | None]:
+    def states(self, ids: Sequence[str]) -> list[RuntimeState | None]:
         """The runtime state of each of ``ids`` (one HMGET), ``None`` where there is none."""
         if not ids:
             return []
-        return [json.loads(raw) if raw else None
+        return [RuntimeState.from_wire(raw) if raw else None
                 for raw in self.client.hmget(self.keys.state, list(ids))]
 
     @_unavailable

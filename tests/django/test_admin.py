@@ -211,13 +211,13 @@ def test_each_action_changes_redis_and_the_database(admin_client: Client, zstore
     assert before is not None and due is not None and now <= due < before
 
     fail(zstore, ids[2], 2, error="HTTP 503 from upstream")
-    assert zstore.get(ids[2]).state["c"] == 2
+    assert zstore.get(ids[2]).state.consecutive_failures == 2
     ZSchedJob.objects.filter(job_id=ids[2]).update(consecutive_failures=2, failure_count=2,
                                                    last_error="HTTP 503 from upstream")
     response = action(admin_client, "reset_failures_jobs", ids[2:])
     assert "Reset the failures of 1 job" in messages_of(response)[0]
     state = zstore.get(ids[2]).state
-    assert state["c"] == 0 and state["f"] == 0 and "e" not in state
+    assert state.consecutive_failures == 0 and state.failures == 0 and state.last_error is None
     row = ZSchedJob.objects.get(job_id=ids[2])
     assert (row.consecutive_failures, row.failure_count, row.last_error) == (0, 0, "")
 
@@ -360,7 +360,8 @@ def test_change_page_buttons(admin_client: Client, zstore: Store) -> None:
     due = zstore.get(row.job_id).due_ms
     assert due is not None and now <= due <= zstore.now_ms()
     html = press("reset_failures")
-    assert zstore.get(row.job_id).state["c"] == 0 and "Reset the failures of 1 job" in html
+    assert zstore.get(row.job_id).state.consecutive_failures == 0
+    assert "Reset the failures of 1 job" in html
 
 
 def test_a_button_on_a_job_missing_from_redis_explains_instead_of_failing(

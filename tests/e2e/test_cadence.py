@@ -28,10 +28,10 @@ def test_interval_jobs_hit_the_target_every_second_and_record_complete_runs(
     for path, job in zip(paths, jobs, strict=True):
         between = gaps(target.times(path))
         assert all(0.8 <= g <= 2.0 for g in between), (path, between)
-        info = d.wait_info(job.id, lambda i: i.state.get("r", 0) >= 5, 10,
+        info = d.wait_info(job.id, lambda i: i.state.runs >= 5, 10,
                            f"5 settled runs of {path}")
-        assert info.state["ls"] == "complete", info.state
-        assert info.state["f"] == 0, info.state
+        assert info.state.last_outcome == "complete", info.state
+        assert info.state.failures == 0, info.state
         assert info.status in ("scheduled", "queued", "running"), info.status
     events = d.store.events()
     assert events and {fields["status"] for _id, fields in events} == {"complete"}
@@ -53,8 +53,8 @@ def test_a_target_answering_500_is_retried_with_doubling_backoff_then_regular_in
     assert 1.8 <= second_retry <= 2.9, second_retry
     assert 4.8 <= regular <= 6.2, regular
     assert 0.8 <= retry_again <= 1.8, retry_again
-    info = d.wait_info(job.id, lambda i: i.state.get("f", 0) >= 5, 10, "5 failures settled")
-    assert "500" in info.state["e"], info.state
+    info = d.wait_info(job.id, lambda i: i.state.failures >= 5, 10, "5 failures settled")
+    assert "500" in info.state.last_error, info.state
     settled = [(f["attempt"], f["status"]) for _id, f in d.store.events()][:5]
     assert settled == [("1", "retrying"), ("2", "retrying"), ("3", "error"),
                        ("1", "retrying"), ("2", "retrying")], settled
@@ -74,9 +74,9 @@ def test_a_429_reported_by_the_task_is_retried_after_its_retry_after(
     d.wait_for(lambda: len(target.hits(path)) >= 3, 30, f"3 hits on {path}")
 
     assert all(1.8 <= g <= 3.0 for g in gaps(target.times(path))), gaps(target.times(path))
-    info = d.wait_info(job.id, lambda i: i.state.get("f", 0) >= 2, 10, "2 failures settled")
-    assert info.state["ls"] == "retrying", info.state
-    assert "429" in info.state["e"], info.state
+    info = d.wait_info(job.id, lambda i: i.state.failures >= 2, 10, "2 failures settled")
+    assert info.state.last_outcome == "retrying", info.state
+    assert "429" in info.state.last_error, info.state
     first = d.store.events()[0][1]
     assert (first["attempt"], first["status"]) == ("1", "retrying"), first
     assert json.loads(first["data"])["task_id"] == target.hits(path)[0].task_id

@@ -49,7 +49,7 @@ def test_a_job_with_expires_runs_when_beat_and_worker_clocks_are_an_hour_apart(
     worker = d.start_worker(env=skewed(worker_clock))
     beat = d.start_beat(env=skewed(beat_clock))
 
-    d.wait_info(job.id, lambda i: i.state.get("r", 0) >= RUNS, 60,
+    d.wait_info(job.id, lambda i: i.state.runs >= RUNS, 60,
                 f"{RUNS} runs of a job with expires_s under skewed clocks")
 
     assert len(target.hits(path)) >= RUNS

@@ -42,15 +42,15 @@ def test_a_duplicated_message_of_a_long_task_runs_once_in_every_pool(
     d.broker.lpush(queue, d.broker.lindex(queue, 0) or b"")
     worker = d.start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
 
-    info = d.wait_info(job.id, lambda i: i.state.get("r") == 1, 30 + TASK_S,
+    info = d.wait_info(job.id, lambda i: i.state.runs == 1, 30 + TASK_S,
                        "the long task to settle")
     d.wait_for(lambda: log_events(worker.text(), "job_duplicate_dropped"), 15,
                "the copy to be dropped")
 
     hits = target.hits(path)
     assert len(hits) == 1, hits
-    assert info.status == "scheduled" and info.state["ls"] == "complete", info.state
-    assert info.state.get("d", 0) == 0, "the heartbeat kept the lease: no crash counted"
+    assert info.status == "scheduled" and info.state.last_outcome == "complete", info.state
+    assert info.state.crashes == 0, "the heartbeat kept the lease: no crash counted"
     dropped = log_events(worker.text(), "job_duplicate_dropped")
     assert [(e["job_id"], e["task_id"]) for e in dropped] == [(job.id, hits[0].task_id)]
     assert [f["status"] for _id, f in d.store.events()] == ["complete"]

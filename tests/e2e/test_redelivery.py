@@ -28,7 +28,7 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_lease_with_the_same_
     first = d.wait_for(lambda: target.hits(path), 30, "the first delivery to reach /slow")[0]
     running = d.info(job.id)
     assert running.status == "running", running.state
-    occurrence, attempt = running.state["o"], running.state["a"]
+    occurrence, attempt = running.state.occurrence, running.state.attempt
     assert first.task_id == task_id_for(job.id, occurrence, attempt)
     first_worker.kill()
 
@@ -40,8 +40,8 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_lease_with_the_same_
     second = target.hits(path)[1]
     assert second.task_id == first.task_id
     assert info.status == "scheduled", info.state
-    assert info.state["r"] == 1 and info.state["ls"] == "complete", info.state
-    assert info.state["o"] != occurrence and info.state["a"] == 1, info.state
+    assert info.state.runs == 1 and info.state.last_outcome == "complete", info.state
+    assert info.state.occurrence != occurrence and info.state.attempt == 1, info.state
     settles = d.store.events()
     assert len(settles) == 1, settles
     fields = settles[0][1]
@@ -72,8 +72,8 @@ def test_a_celery_retry_is_queued_again_and_settles_once_without_a_redelivery(
     tried, retried = target.hits(path)
     assert retried.at - tried.at >= 2.9
     assert retried.task_id == tried.task_id
-    assert info.status == "scheduled" and info.state["r"] == 1, info.state
-    assert info.state["ls"] == "complete" and info.state["f"] == 0, info.state
+    assert info.status == "scheduled" and info.state.runs == 1, info.state
+    assert info.state.last_outcome == "complete" and info.state.failures == 0, info.state
     assert [f["status"] for _id, f in d.store.events()] == ["complete"]
     assert log_events(beat.text(), "reaped") == []
     assert len(target.hits(path)) == 2
@@ -96,10 +96,10 @@ def test_a_message_expired_before_any_worker_took_it_settles_as_an_error(
 
     info = d.wait_info(job.id, lambda i: i.status not in ("queued", "running"), 30,
                        "the expiry to settle")
-    d.wait_info(later.id, lambda i: i.state.get("r") == 1, 30, "the control job to run")
+    d.wait_info(later.id, lambda i: i.state.runs == 1, 30, "the control job to run")
 
     assert target.hits(path) == [] and len(target.hits(control)) == 1
-    assert info.state["f"] == 1 and info.state["e"] == "expired", info.state
-    assert info.state["ls"] == "retrying", info.state
+    assert info.state.failures == 1 and info.state.last_error == "expired", info.state
+    assert info.state.last_outcome == "retrying", info.state
     settled = [(f["status"], f["error"]) for _id, f in d.store.events() if f["id"] == job.id]
     assert settled == [("retrying", "expired")]

@@ -42,6 +42,6 @@ def test_beat_backs_off_while_the_store_is_down_and_publishes_again_after_restar
                "2 runs after the store came back")
     assert beat.alive()
     assert len(log_events(beat.text(), "poll_stats")) > ticks_before_restart
-    info = d.wait_info(job.id, lambda i: i.state.get("r", 0) >= 1, 10,
+    info = d.wait_info(job.id, lambda i: i.state.runs >= 1, 10,
                        "a settled run after the restart")
-    assert info.state["ls"] == "complete", info.state
+    assert info.state.last_outcome == "complete", info.state

@@ -485,14 +485,14 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         # anyway); the database mirror, which the filters use, otherwise.
         info = info_of(row) if row.pk else None
         status = row.last_status
-        if isinstance(info, JobInfo) and info.state.get("ls"):
-            status = str(info.state["ls"])
+        if isinstance(info, JobInfo) and info.state.last_outcome:
+            status = info.state.last_outcome
         return badge(status)
 
     def _last_error(self, row: ZSchedJob) -> str:
         info = info_of(row) if row.pk else None
-        if isinstance(info, JobInfo) and "ls" in info.state:
-            return str(info.state.get("e") or "")
+        if isinstance(info, JobInfo) and info.state.last_outcome is not None:
+            return info.state.last_error or ""
         return str(row.last_error)
 
     @admin.display(description="last error")
@@ -518,12 +518,12 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         parts = [info.status]
         if info.lease_until_ms is not None:
             parts.append("in flight")
-        if st.get("a", 1) != 1:
-            parts.append(f"attempt {st['a']}")
-        if st.get("d"):
-            parts.append(f"{_count(st['d'], 'crashed execution')}")
-        parts.append(f"{_count(st.get('r', 0), 'run')}, {_count(st.get('f', 0), 'failure')}, "
-                     f"{st.get('c', 0)} in a row")
+        if st.attempt != 1:
+            parts.append(f"attempt {st.attempt}")
+        if st.crashes:
+            parts.append(f"{_count(st.crashes, 'crashed execution')}")
+        parts.append(f"{_count(st.runs, 'run')}, {_count(st.failures, 'failure')}, "
+                     f"{st.consecutive_failures} in a row")
         return " · ".join(str(p) for p in parts)
 
     @admin.display(description="last error")

@@ -166,7 +166,7 @@ def _refresh_mirror(store: Store, events: Sequence[tuple[str, Mapping[str, str]]
     # Counters come from the state Redis keeps (one HMGET), not from summing
     # events, so the mirror is right however often an entry is drained.
     targets: dict[str, dict[str, Any]] = {}
-    for job_id, state in zip(ids, store.raw_states(ids), strict=True):
+    for job_id, state in zip(ids, store.states(ids), strict=True):
         if state is not None:
             targets[job_id] = mirror_values(state)
         else:

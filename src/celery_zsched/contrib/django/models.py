@@ -19,9 +19,11 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
 from django.utils import timezone as dj_timezone
+from django.utils.hashable import make_hashable
 
 from celery_zsched.errors import ValidationError
 from celery_zsched.job import Defaults, Job
+from celery_zsched.state import RuntimeState
 from celery_zsched.timing import ms_to_dt
 
 #: Core :class:`~celery_zsched.job.Job` field -> model field, where the names differ.
@@ -365,7 +367,7 @@ class ZSchedJob(models.Model):
         return "once" if self.run_at is not None else "interval"
 
     # -------------------------------------------------------- runtime mirror
-    def apply_state(self, state: Mapping[str, Any]) -> bool:
+    def apply_state(self, state: RuntimeState) -> bool:
         """Copy a Redis runtime state into the mirror fields; True when any changed."""
         return self.apply_values(mirror_values(state))
 
@@ -379,16 +381,16 @@ class ZSchedJob(models.Model):
         return changed
 
 
-def mirror_values(state: Mapping[str, Any]) -> dict[str, Any]:
-    """Mirror field values of one Redis runtime state (the compact cjson of the Lua scripts)."""
-    last = state.get("l")
+def mirror_values(state: RuntimeState) -> dict[str, Any]:
+    """Mirror field values of one job's Redis runtime state."""
+    last = state.last_settled_ms
     return {
-        "last_run_at": to_db_datetime(int(last)) if last else None,
-        "last_status": str(state.get("ls") or ""),
-        "last_error": str(state.get("e") or ""),
-        "run_count": int(state.get("r") or 0),
-        "failure_count": int(state.get("f") or 0),
-        "consecutive_failures": int(state.get("c") or 0),
+        "last_run_at": to_db_datetime(last) if last else None,
+        "last_status": state.last_outcome or "",
+        "last_error": state.last_error or "",
+        "run_count": state.runs,
+        "failure_count": state.failures,
+        "consecutive_failures": state.consecutive_failures,
     }
 
 
