@@ -3,9 +3,10 @@
 Redis keeps one small JSON object per job (the ``state`` hash) with one- and
 two-letter keys, because a fleet has millions of them: the short keys save
 about 160 bytes a job in Redis against readable names (1.6 GB at ten million
-jobs; ``tests/test_state.py`` measures it). :class:`RuntimeState` is the one place those letters are known on the
-Python side; the Lua side shares them through ``lua/_prelude.lua``. Adding a
-field means a line here and the scripts that write it.
+jobs; ``tests/test_state.py`` measures it). :class:`RuntimeState` is the one
+place those letters are known on the Python side; the Lua side shares them
+through ``lua/_prelude.lua``. Adding a field means a line here and the scripts
+that write it.
 """
 
 from __future__ import annotations
