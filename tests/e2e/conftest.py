@@ -42,8 +42,10 @@ from .names import (
     ENV_BEAT_SCHEDULE,
     ENV_BROKER_URL,
     ENV_QUEUE,
+    ENV_WORKER_ID,
     SCRAPE_TASK,
     TASK_ID_PARAM,
+    WORKER_ID_PARAM,
 )
 
 T = TypeVar("T")
@@ -108,13 +110,19 @@ class Hit:
         """The Celery task id the scrape task sent along."""
         return self.query.get(TASK_ID_PARAM)
 
+    @property
+    def worker(self) -> str | None:
+        """The name of the worker process (``start_worker(name)``) that ran the task."""
+        return self.query.get(WORKER_ID_PARAM)
+
 
 class TargetServer(ThreadingHTTPServer):
     """A local scrape target recording every hit.
 
     ``/ok...`` answers 200, ``/fail...`` 500, ``/429...`` 429 with
-    ``Retry-After: <after>``, and ``/slow...?s=N`` sleeps N s before its 200,
-    but only on the first request of each task id, so a redelivery is fast.
+    ``Retry-After: <after>``, ``/slow...?s=N`` sleeps N s before its 200,
+    but only on the first request of each task id, so a redelivery is fast, and
+    ``/sleep...?s=N`` sleeps N s before every 200.
     """
 
     daemon_threads = True
@@ -145,6 +153,11 @@ class TargetServer(ThreadingHTTPServer):
         with self._lock:
             return [h for h in self._hits if h.path == path]
 
+    def hits_under(self, prefix: str) -> list[Hit]:
+        """Hits on every path that starts with ``prefix``, in arrival order."""
+        with self._lock:
+            return [h for h in self._hits if h.path.startswith(prefix)]
+
     def times(self, path: str) -> list[float]:
         """Arrival times of the hits on ``path``."""
         return [h.at for h in self.hits(path)]
@@ -168,6 +181,9 @@ class _TargetHandler(BaseHTTPRequestHandler):
         elif path.startswith("/slow"):
             if self.server.first_slow(query.get(TASK_ID_PARAM, "")):
                 self.server.stopping.wait(float(query.get("s", "1")))
+            self._reply(200)
+        elif path.startswith("/sleep"):
+            self.server.stopping.wait(float(query.get("s", "1")))
             self._reply(200)
         else:
             self._reply(404)
@@ -230,11 +246,37 @@ class Proc:
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(10)
 
+    def crash(self) -> list[int]:
+        """SIGKILL it and all its descendants at once, as a machine loss would.
+
+        It is stopped first, so it cannot fork a replacement child meanwhile.
+        Returns once none of them can run any more (the descendants, orphaned,
+        may stay zombies until init reaps them); returns their pids.
+        """
+        self.expect_alive = False
+        main = psutil.Process(self.pid)
+        main.suspend()
+        tree = main.children(recursive=True)
+        for process in [main, *tree]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        self.popen.wait(10)
+        wait_for(lambda: not any(_can_run(child) for child in tree), 10,
+                 f"the processes of {self.name} to die", interval=0.01)
+        return [child.pid for child in tree]
+
     def stop(self) -> int:
         """SIGTERM it (a clean shutdown), wait for it, and return its exit code."""
         self.expect_alive = False
         self.popen.send_signal(signal.SIGTERM)
         return self.popen.wait(STOP_GRACE_S)
+
+
+def _can_run(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class RedisProcess:
@@ -336,11 +378,16 @@ class Deployment:
 
     def start_worker(self, name: str = "worker", pool: str = "solo",
                      concurrency: int = 1, env: dict[str, str] | None = None) -> Proc:
-        """``celery worker`` consuming this deployment's queue (``env``: extra variables)."""
+        """``celery worker`` consuming this deployment's queue (``env``: extra variables).
+
+        Its tasks tell the target ``name`` (:attr:`Hit.worker`): give each
+        worker process a name of its own.
+        """
         return self._spawn(name, [
             "worker", "-P", pool, "-c", str(concurrency), "-Q", self.queue,
             "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
-            "--without-heartbeat", "--without-gossip", "--without-mingle"], env)
+            "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            {ENV_WORKER_ID: name, **(env or {})})
 
     def check_alive(self) -> None:
         """Fail at once if a process the test relies on has exited."""
@@ -376,7 +423,20 @@ class Deployment:
         # reused pid, so a stranger's process is never mistaken for a leftover.
         leftovers = [p.pid for p in self.procs if p.popen.poll() is None]
         leftovers += [c.pid for c in psutil.wait_procs(left, timeout=5)[1] if c.is_running()]
+        leftovers += self._kill_strays()
         assert not leftovers, f"processes left behind: {leftovers}"
+
+    def _kill_strays(self) -> list[int]:
+        # Orphans of a process killed on purpose (reparented, so no longer
+        # anyone's child here) still carry this deployment's unique queue.
+        strays = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get(ENV_QUEUE) == self.queue:
+                    process.kill()
+                    strays.append(process)
+        psutil.wait_procs(strays, timeout=5)
+        return [p.pid for p in strays]
 
 
 @pytest.fixture

@@ -25,8 +25,11 @@ from .names import (
     ENV_BROKER_URL,
     ENV_HTTP_TIMEOUT_S,
     ENV_QUEUE,
+    ENV_VISIBILITY_TIMEOUT_S,
+    ENV_WORKER_ID,
     SCRAPE_TASK,
     TASK_ID_PARAM,
+    WORKER_ID_PARAM,
 )
 
 app = Celery("e2e")
@@ -44,6 +47,13 @@ app.conf.update(
     beat_schedule=json.loads(os.environ.get(ENV_BEAT_SCHEDULE) or "{}"),
     zsched_default_task=SCRAPE_TASK,
 )
+if os.environ.get(ENV_VISIBILITY_TIMEOUT_S):
+    # Messages a SIGKILLed worker had prefetched (unacked) come back this soon,
+    # from a sweep every second (kombu's default sweeps every 100 s).
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ[ENV_VISIBILITY_TIMEOUT_S]),
+        "unacked_restore_interval": 1, "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": 5}
 
 
 class TargetError(Exception):
@@ -52,13 +62,14 @@ class TargetError(Exception):
 
 def _with_task_id(url: str, task_id: str) -> str:
     parts = urlsplit(url)
-    query = [*parse_qsl(parts.query), (TASK_ID_PARAM, task_id)]
+    query = [*parse_qsl(parts.query), (TASK_ID_PARAM, task_id),
+             (WORKER_ID_PARAM, os.environ.get(ENV_WORKER_ID, ""))]
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 @app.task(name=SCRAPE_TASK, bind=True)
 def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -> int:
-    """Fetch ``url`` (tagged with this task's id); a 5xx raises, a 429 reports a retry.
+    """Fetch ``url`` (tagged with this task's id and worker); a 5xx raises, a 429 reports a retry.
 
     ``meta["on_429"]`` chooses how a 429 is reported: ``"report"`` calls
     :func:`celery_zsched.worker.report` and returns normally, ``"raise"`` raises

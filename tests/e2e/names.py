@@ -15,7 +15,13 @@ SCRAPE_TASK = "e2e.scrape"
 ENV_BROKER_URL = "E2E_BROKER_URL"
 ENV_QUEUE = "E2E_QUEUE"
 ENV_HTTP_TIMEOUT_S = "E2E_HTTP_TIMEOUT_S"
+#: kombu's Redis ``visibility_timeout`` (s): when an unacked message comes back.
+ENV_VISIBILITY_TIMEOUT_S = "E2E_VISIBILITY_TIMEOUT_S"
+#: Name of the worker process (incarnation) that runs a task, set per worker.
+ENV_WORKER_ID = "E2E_WORKER_ID"
 #: JSON of the app's static ``beat_schedule`` (schedules in seconds).
 ENV_BEAT_SCHEDULE = "E2E_BEAT_SCHEDULE"
 #: Query parameter through which the scrape task tells the target its Celery task id.
 TASK_ID_PARAM = "tid"
+#: Query parameter through which it names the worker (``E2E_WORKER_ID``) running it.
+WORKER_ID_PARAM = "wid"
