@@ -13,6 +13,10 @@ from .keys import DEFAULT_PREFIX
 
 SETTING_PREFIX = "zsched_"
 ENV_PREFIX = "ZSCHED_"
+#: Settings an integration owns and validates (celery_zsched.contrib.django reads
+#: these two): beat accepts them in a shared CELERY_ZSCHED_* namespace and
+#: leaves them alone, so a Django project's settings never fail beat's check.
+INTEGRATION_SETTINGS = frozenset({"history_days", "redis_alias"})
 #: Where the schedule lives when neither zsched_redis_url nor a Redis broker says.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -62,10 +66,6 @@ class Settings:
     events_maxlen: int = 100_000
     #: Rows per pipelined chunk in bulk imports.
     import_chunk: int = 5000
-    #: Days of run history the Django app keeps (``zsched_drain`` prunes older
-    #: rows); 0 keeps it forever. Beat ignores it, but knows it, so the shared
-    #: ``CELERY_ZSCHED_*`` namespace of a Django project never fails validation.
-    history_days: int = 30
 
     @property
     def queued_bound(self) -> int:
@@ -97,7 +97,7 @@ class Settings:
             if not isinstance(key, str) or not key.lower().startswith(SETTING_PREFIX):
                 continue
             name = key.lower()[len(SETTING_PREFIX):]
-            if name in ("redis_alias",):  # consumed by the Django integration
+            if name in INTEGRATION_SETTINGS:
                 continue
             if name not in known:
                 raise ConfigurationError(
@@ -155,8 +155,7 @@ class Settings:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
                 )
-        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "history_days",
-                     "max_queued"):
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}"

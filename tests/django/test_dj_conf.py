@@ -34,7 +34,8 @@ def test_celery_zsched_settings_map_to_core_settings(settings: Any) -> None:
     settings.CELERY_ZSCHED_HISTORY_DAYS = 9
     settings.CELERY_ZSCHED_DEFAULT_TASK = "tasks.fetch"
     got = conf.get_settings()
-    assert (got.batch_size, got.history_days, got.default_task) == (77, 9, "tasks.fetch")
+    assert (got.batch_size, got.default_task) == (77, "tasks.fetch")
+    assert conf.get_django_settings().history_days == 9
     assert conf.get_defaults().timezone == "Europe/Berlin"
     assert conf.get_store().defaults.timezone == "Europe/Berlin"
     assert conf.get_settings() is got, "cached until a setting changes"
@@ -47,10 +48,18 @@ def test_unknown_setting_is_an_error_and_a_failing_check(settings: Any) -> None:
     assert "zsched.E001" in _check_ids()
 
 
-def test_history_days_is_a_core_setting_so_beat_accepts_it() -> None:
-    assert Settings.from_mapping({"zsched_history_days": "3"}, env={}).history_days == 3
-    with pytest.raises(ConfigurationError):
-        Settings.from_mapping({"zsched_history_days": -1}, env={})
+def test_history_days_is_a_django_setting_that_beat_accepts(settings: Any) -> None:
+    """The Django app owns and validates it; beat's core settings accept it in the shared
+    CELERY_ZSCHED_* namespace without knowing it."""
+    assert not hasattr(Settings.from_mapping({"zsched_history_days": "3"}, env={}),
+                       "history_days")
+    settings.CELERY_ZSCHED_HISTORY_DAYS = "3"
+    assert conf.DjangoSettings.from_django(env={}).history_days == 3
+    assert conf.DjangoSettings.from_django(env={"ZSCHED_HISTORY_DAYS": "5"}).history_days == 5
+    settings.CELERY_ZSCHED_HISTORY_DAYS = -1
+    with pytest.raises(ConfigurationError, match="zsched_history_days"):
+        conf.DjangoSettings.from_django(env={})
+    assert "zsched.E001" in _check_ids()
 
 
 def test_url_falls_back_to_a_redis_broker_url(settings: Any) -> None:

@@ -13,17 +13,18 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from celery_zsched.config import Settings
 from celery_zsched.errors import ConfigurationError
 
-from .conf import ALIAS_SETTING, redis_alias, zsched_mapping
+from .conf import ALIAS_SETTING, DjangoSettings, redis_alias, zsched_mapping
 
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """``zsched.E001``: bad ``CELERY_ZSCHED_*`` values; ``E002``/``W001``: the Redis alias."""
     messages: list[CheckMessage] = []
-    try:
-        Settings.from_mapping(zsched_mapping())
-    except ConfigurationError as exc:
-        messages.append(Error(str(exc), id="zsched.E001"))
+    for read in (lambda: Settings.from_mapping(zsched_mapping()), DjangoSettings.from_django):
+        try:
+            read()
+        except ConfigurationError as exc:
+            messages.append(Error(str(exc), id="zsched.E001"))
     alias = redis_alias()
     if alias is None:
         return messages

@@ -18,7 +18,10 @@ by itself when a test changes a relevant setting).
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -51,6 +54,40 @@ def redis_alias() -> str | None:
     """The django-redis cache alias to connect through, if one is configured."""
     alias = getattr(django_settings, ALIAS_SETTING, None)
     return str(alias) if alias else None
+
+
+@dataclass(frozen=True)
+class DjangoSettings:
+    """Settings only the Django app reads (beat accepts them and leaves them alone)."""
+
+    #: Days of run history ``zsched_drain`` keeps (``CELERY_ZSCHED_HISTORY_DAYS``,
+    #: env ``ZSCHED_HISTORY_DAYS``); 0 keeps it forever.
+    history_days: int = 30
+
+    @classmethod
+    def from_django(cls, env: Mapping[str, str] | None = None) -> DjangoSettings:
+        """Read and validate; raises :class:`ConfigurationError` naming the setting."""
+        env = os.environ if env is None else env
+        raw: Any = zsched_mapping().get("zsched_history_days", cls.history_days)
+        source = "zsched_history_days"
+        if "ZSCHED_HISTORY_DAYS" in env:
+            raw, source = env["ZSCHED_HISTORY_DAYS"], "ZSCHED_HISTORY_DAYS"
+        try:
+            days = int(raw) if not isinstance(raw, bool | float) else None
+        except (TypeError, ValueError):
+            days = None
+        if days is None or days < 0:
+            raise ConfigurationError(f"{source} must be an int >= 0, got {raw!r}")
+        return cls(history_days=days)
+
+
+def get_django_settings() -> DjangoSettings:
+    """The Django-only settings of this project (cached like :func:`get_settings`)."""
+    with _lock:
+        if "django_settings" not in _cache:
+            _cache["django_settings"] = DjangoSettings.from_django()
+        result: DjangoSettings = _cache["django_settings"]
+        return result
 
 
 def time_zone() -> str:

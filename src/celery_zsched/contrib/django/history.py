@@ -28,7 +28,7 @@ from django.utils import timezone as dj_timezone
 from celery_zsched.errors import redis_unavailable
 from celery_zsched.store import Store
 
-from .conf import get_settings, get_store
+from .conf import get_django_settings, get_store
 from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
 from .sync import IN_CHUNK, batched
 
@@ -101,7 +101,7 @@ def advance_cursor(store: Store, cursor: str) -> bool:
 
 def prune_history(days: int | None = None) -> int:
     """Delete runs that finished more than ``days`` ago (default: the setting; 0 keeps all)."""
-    days = get_settings().history_days if days is None else days
+    days = get_django_settings().history_days if days is None else days
     if days <= 0:
         return 0
     cutoff = dj_timezone.now() - timedelta(days=days)
