@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 from celery.utils.nodenames import anon_nodename
@@ -171,7 +173,8 @@ class _BatchSender:
         self.producer = producer
         self.router = self.amqp.router
         conf = app.conf
-        self.maxlevels = conf.task_repr_maxlevels
+        # Celery < 5.7 has no task_repr_maxlevels: its as_task_v2 uses saferepr's default, 3.
+        self.maxlevels = conf.get("task_repr_maxlevels", 3)
         self.args_maxlen = self.amqp.argsrepr_maxsize
         self.kwargs_maxlen = self.amqp.kwargsrepr_maxsize
         self.reply_to = app.thread_oid
@@ -230,7 +233,7 @@ class _BatchSender:
                kwargs: dict[str, Any]) -> _Route | None:
         """``send_task``'s option handling, for one task and its options."""
         expires_arg = options.pop("expires", _OMITTED)
-        task_type = self.app._tasks.get(name)
+        task_type = self.app._tasks.get(name) if _SEND_TASK_USES_REGISTRY else None
         get_exec_options = getattr(task_type, "_get_exec_options", None)
         if get_exec_options is not None and inspect.ismethod(get_exec_options):
             filtered = {k: v for k, v in (get_exec_options() or {}).items() if v is not None}
@@ -240,7 +243,7 @@ class _BatchSender:
         soft_time_limit = options.pop("soft_time_limit", None)
         expires = options.pop("expires", None) if expires_arg is _OMITTED else expires_arg
         options.pop("expires", None)
-        ignore_result = options.pop("ignore_result", None)
+        ignore_result = options.pop("ignore_result", None if _SEND_TASK_USES_REGISTRY else False)
         options = self.router.route(options, name, args, kwargs, task_type)
         options.pop("headers", None)  # each message's own headers are added when sending
         if expires is not None:
@@ -266,9 +269,24 @@ class _BatchSender:
         if not queue or isinstance(queue, Broadcast):
             return {}
         if id(queue) not in self.declared:
-            self.producer.maybe_declare(queue, retry=self.retry, **self.retry_policy)
+            # As Producer.publish declares: kombu 5.4 without the retry policy, later ones with it.
+            retry = {"retry": self.retry, **self.retry_policy} if _KOMBU_5_5 else {}
+            self.producer.maybe_declare(queue, **retry)
             self.declared.add(id(queue))
         return {"declare": []}
 
 
 _OMITTED = object()
+
+
+def _release(distribution: str) -> tuple[int, int]:
+    """Major and minor version of an installed distribution."""
+    match = re.match(r"(\d+)\.(\d+)", metadata.version(distribution))
+    return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
+# Celery 5.7's send_task looks the task up in the app's registry, applies its
+# execution options (queue, priority, expires, ...) and leaves an unset
+# ignore_result None. Earlier versions do neither and default it to False.
+_SEND_TASK_USES_REGISTRY = _release("celery") >= (5, 7)
+_KOMBU_5_5 = _release("kombu") >= (5, 5)
