@@ -11,6 +11,7 @@ kombu that pyproject.toml admits.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import time
@@ -108,8 +109,7 @@ def _claimed(row: dict[str, Any], occurrence: int) -> Claimed:
 
 def _task_id(msg: dict[str, Any]) -> str:
     # Protocol 2 carries the id in the headers, protocol 1 in the body.
-    body = msg["body"]
-    return str(msg["headers"].get("id") or body["id"])
+    return str(msg["headers"].get("id") or msg["body"]["id"])
 
 
 class RedisBroker:
@@ -199,8 +199,9 @@ class AmqpBroker:
         self.connection.close()
 
 
+@functools.cache
 def _amqp_reachable(url: str) -> str | None:
-    """``None``, or why RabbitMQ cannot be reached."""
+    """``None``, or why RabbitMQ cannot be reached (asked once per session)."""
     try:
         with Connection(url, connect_timeout=3) as conn:
             conn.connect()
@@ -219,7 +220,8 @@ def broker(request: pytest.FixtureRequest, names: Names) -> Iterator[RedisBroker
     else:
         problem = _amqp_reachable(AMQP_URL)
         if problem is not None:
-            pytest.skip(f"RabbitMQ unreachable at {AMQP_URL} ({problem})")
+            where = Connection(AMQP_URL).as_uri()  # password masked
+            pytest.skip(f"RabbitMQ unreachable at {where} ({problem})")
         instance = AmqpBroker(AMQP_URL, names)
     try:
         yield instance
