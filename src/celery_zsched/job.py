@@ -260,8 +260,11 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
 
 
 def _field_name(key: Any) -> str:
-    # str() of a key can raise (an int over 4300 digits) or be megabytes long.
-    return key[:100] if isinstance(key, str) else show_value(key)
+    # str() of a key can raise (an int over 4300 digits) or be megabytes long;
+    # an empty or unprintable one (a newline, a lone surrogate) is quoted.
+    if isinstance(key, str) and key.isprintable() and key.strip():
+        return key[:100]
+    return show_value(key)
 
 
 def _identity(values: Mapping[str, Any], url: str | None,

@@ -69,6 +69,8 @@ CRASHES: list[tuple[str, Any]] = [
     ("cron", ["0", "9"]),
     ("enabled", "maybe"),
     ("queue", "q\x00"),                  # NUL: PostgreSQL refuses it
+    ("jitter_s", [10**4301]),           # Django's own message: str() of the value raises
+    ("interval_s", "x" * 1_000_000),    # Django's own message: a megabyte long
 ]
 
 
@@ -132,6 +134,19 @@ def test_a_duplicate_id_is_a_validation_error_on_save() -> None:
         ZSchedJob(**BASE, interval_s=60).save()
     assert "job_id" in caught.value.message_dict  # type: ignore[attr-defined]
     assert not isinstance(caught.value, IntegrityError)
+
+
+def test_a_lone_surrogate_in_the_id_never_reaches_the_uniqueness_query() -> None:
+    """Another field failing first left job_id to validate_unique(): UnicodeEncodeError."""
+    row = ZSchedJob(job_id="a\udcff", task="t", timezone="0")
+    with pytest.raises(DjangoValidationError) as caught:
+        row.full_clean()
+    assert {"job_id", "timezone"} <= set(caught.value.message_dict)
+    from celery_zsched.contrib.django.forms import ZSchedJobForm
+
+    form = ZSchedJobForm(data={**FORM_BASE, "job_id": "a\udcff", "timezone": "0"})
+    assert not form.is_valid()
+    assert {"job_id", "timezone"} <= set(form.errors)
 
 
 def test_clean_alone_never_crashes_on_raw_values() -> None:
@@ -200,4 +215,16 @@ def test_the_admin_shows_each_bad_value_on_its_field(admin_client: Client, field
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert field in errors, errors
+    assert not ZSchedJob.objects.exists()
+
+
+def test_a_failed_full_clean_changes_nothing_that_save_could_then_store() -> None:
+    """Found by the fuzzer: clean() turned ``meta=""`` into ``{}`` while full_clean()
+    failed on it, so the following save() passed and stored the row."""
+    row = ZSchedJob(url="https://example.com/", meta="")
+    with pytest.raises(ValidationError):
+        row.full_clean()
+    assert row.meta == ""
+    with pytest.raises(ValidationError):
+        row.save()
     assert not ZSchedJob.objects.exists()

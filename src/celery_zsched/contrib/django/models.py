@@ -10,6 +10,7 @@ written by :func:`.history.drain` and :func:`.sync.reconcile`, never by users.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, ClassVar
@@ -45,6 +46,7 @@ MIRROR_FIELDS: tuple[str, ...] = (
 )
 
 _TIME_FIELDS = ("run_at", "start_at", "end_at")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def model_field_for(core_field: str) -> str:
@@ -85,6 +87,14 @@ class JobValidationError(ValidationError, DjangoValidationError):
         DjangoValidationError.__init__(self, dict(errors))
         self.args = (str(self),)
 
+    # Django hashes (and compares) an error with a ``message`` attribute as a
+    # single message with a ``code``: this one is an error dict.
+    def __hash__(self) -> int:
+        return hash(make_hashable(self.error_dict))
+
+    def __eq__(self, other: object) -> bool:
+        return DjangoValidationError.__eq__(self, other)
+
 
 def raw_value_problem(field: models.Field, value: Any, instance: models.Model) -> str | None:
     """Why ``field.clean(value)`` would raise something other than a ValidationError.
@@ -97,16 +107,26 @@ def raw_value_problem(field: models.Field, value: Any, instance: models.Model) -
         return None if field.null else "must not be null (give {} or [] for none)"
     if isinstance(value, str) and not value and not isinstance(field, models.CharField):
         return "must not be an empty string (give None for none)"
+    if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
+        # Not even a uniqueness query can send one to the database.
+        return "must be valid Unicode (it holds a lone surrogate)"
+    wrong = f"is not a valid value of this field (a {type(value).__name__})"
     try:
         field.clean(value, instance)
-    except DjangoValidationError:
-        return None
+    except DjangoValidationError as exc:
+        try:
+            # Django formats the value into its message ("“%(value)s” value must
+            # be a float."): str() of a 5000-digit int raises, of a blob is huge.
+            too_long = any(len(message) > 300 for message in exc.messages)
+        except (ValueError, RecursionError, TypeError):
+            return wrong
+        return wrong if too_long else None
     except RecursionError:
         return "is nested too deeply"
     except OverflowError:
         return "is out of range"
     except (TypeError, ValueError, ArithmeticError):
-        return f"is not a valid value of this field (a {type(value).__name__})"
+        return wrong
     return None
 
 
@@ -325,11 +345,19 @@ class ZSchedJob(models.Model):
         if not self.job_id:
             self.job_id = job.id
         self.kind = job.kind
+        if self._zsched_failed:
+            return  # full_clean() fails: leave the values as they were given
         for name in ("meta", "args", "kwargs"):
             # A string holds JSON for the core (as in a CSV cell), but a JSON
             # string for Django: store what the core read from it.
             if isinstance(getattr(self, name), str):
                 setattr(self, name, getattr(job, name))
+        for name in _TIME_FIELDS:
+            # A naive time is in the job's zone for the core, but in TIME_ZONE
+            # for Django's save(): store the instant the core validated.
+            value = getattr(self, name)
+            if isinstance(value, datetime) and dj_timezone.is_naive(value):
+                setattr(self, name, to_db_datetime(getattr(job, name)))
 
     def _job_error(self, exc: DjangoValidationError) -> JobValidationError:
         errors = exc.message_dict
