@@ -8,6 +8,7 @@ installed copy, from a directory where the working tree is not importable.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import venv
@@ -36,8 +37,13 @@ print(json.dumps({
 
 def test_the_installed_wheel_loads_every_lua_script_with_its_prelude(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
+    # Built from a copy: setuptools leaves build/ and *.egg-info beside the sources.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".tox", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "artifacts",
+        "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                    "-q", "-w", str(dist), str(ROOT)], check=True, timeout=300)
+                    "-q", "-w", str(dist), str(source)], check=True, timeout=300)
     wheel = next(dist.glob("celery_zsched-*.whl"))
     env_dir = tmp_path / "venv"
     # The run-time dependencies come from this interpreter; the package itself
