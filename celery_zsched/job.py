@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import math
 import numbers
@@ -357,24 +358,37 @@ def _json_problem(value: Any) -> str | None:
 
 
 def _shape_problem(value: Any) -> str | None:
-    # Iterative, not recursive: the values that fail here are the ones nested
-    # past the interpreter's recursion limit. The item budget also bounds a
-    # structure that shares one list many times (its JSON would be huge).
-    budget = _MAX_JSON_CHARS  # every item takes at least one character of JSON
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            return f"must be nested at most {_MAX_DEPTH} levels deep"
-        budget -= len(node)
-        if budget < 0:
-            return f"must be at most {_MAX_JSON_CHARS:,} characters as JSON"
-        if isinstance(node, dict):
-            if not all(isinstance(key, str) for key in node):
-                return "must have only string keys (JSON object keys are strings)"
-            node = node.values()
-        stack.extend((item, depth + 1) for item in node if isinstance(item, dict | list | tuple))
+    # Recursion stops at _MAX_DEPTH, so it never nears the interpreter's limit
+    # (the values nested past that limit are the ones rejected here). The item
+    # budget also bounds a structure that shares one list many times (its JSON
+    # would be huge). Every item takes at least one character of JSON.
+    return _walk(value, 1, [_MAX_JSON_CHARS])
+
+
+def _walk(node: Any, depth: int, budget: list[int]) -> str | None:
+    if depth > _MAX_DEPTH:
+        return f"must be nested at most {_MAX_DEPTH} levels deep"
+    budget[0] -= len(node)
+    if budget[0] < 0:
+        return f"must be at most {_MAX_JSON_CHARS:,} characters as JSON"
+    if isinstance(node, dict):
+        # map(isinstance, ...): the common flat meta {"site": "x"} stays in C.
+        if not all(map(isinstance, node, _ALWAYS_STR)):
+            return "must have only string keys (JSON object keys are strings)"
+        node = node.values()
+    if any(map(isinstance, node, _ALWAYS_CONTAINERS)):
+        for item in node:
+            if isinstance(item, _CONTAINERS):
+                problem = _walk(item, depth + 1, budget)
+                if problem:
+                    return problem
     return None
+
+
+_CONTAINERS = (dict, list, tuple)
+# Second arguments of map(isinstance, items, ...): endless, so never used up.
+_ALWAYS_STR = itertools.repeat(str)
+_ALWAYS_CONTAINERS = itertools.repeat(_CONTAINERS)
 
 
 # Strict JSON: NaN and Infinity raise instead of writing what no JSON parser
@@ -425,10 +439,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # A \u0000 escape in JSON text (its backslash not itself escaped).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _URL_SPACE = re.compile(r"[\s\x00-\x1f\x7f]")
+# A netloc with a user, a port or an IPv6 host: the ones urlsplit parses further.
+_URL_HOST_EXTRAS = re.compile(r"[@:\[\]]")
 
 
 def _text_problem(value: str, limit: int | None) -> str | None:
     """Why a text cannot be stored (too long, NUL, lone surrogate), or None."""
+    if not value:
+        return None
     if limit is not None and len(value) > limit:
         return f"must be at most {limit} characters, not {len(value):,}"
     if value.isascii():  # the common case, and a cheap test
@@ -453,11 +471,16 @@ def _url(value: Any) -> str:
     if _URL_SPACE.search(url):
         raise ValidationError("url", value, "must not contain spaces or control characters")
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  -- raises ValueError for a port out of 0-65535
-    except ValueError as exc:  # "Invalid IPv6 URL" for http://[::1
+        parts = urlsplit(url)  # ValueError: "Invalid IPv6 URL" for http://[::1
+        host = parts.netloc
+        # Only a netloc with a user, a port or an IPv6 host needs parsing further
+        # (a plain "example.com" is the common case, and cheap).
+        if _URL_HOST_EXTRAS.search(host):
+            parts.port  # noqa: B018  -- raises ValueError for a port out of 0-65535
+            host = parts.hostname or ""
+    except ValueError as exc:
         raise ValidationError("url", value, f"must be an absolute http(s) URL: {exc}") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not host:
         raise ValidationError("url", value, "must be an absolute http(s) URL")
     return url
 

@@ -228,3 +228,23 @@ def test_a_failed_full_clean_changes_nothing_that_save_could_then_store() -> Non
     with pytest.raises(ValidationError):
         row.save()
     assert not ZSchedJob.objects.exists()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[\n{"url": "https://example.com/1"},\n' + "[" * DEEP + "]" * DEEP + "\n]",
+     "file: malformed JSON at line 3: nested too deeply"),
+    ('[\n{"url": "http://[::1"},\n{"id": "b", "task": "t", "interval_s": 1' + "0" * 400
+     + '},\n{"id": "c", "task": "t", "cron": "0 9 * * *", "timezone": "Europe"}\n]',
+     "row 2: url: must be an absolute http(s) URL"),
+], ids=["deep", "rows"])
+def test_zsched_import_reports_each_crash_as_a_command_error(tmp_path: Any, text: str,
+                                                             message: str) -> None:
+    """manage.py zsched_import reads files with the same importer: no traceback, no row."""
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path / "jobs.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(CommandError) as caught:
+        call_command("zsched_import", "--file", str(path))
+    assert message in str(caught.value)
+    assert not ZSchedJob.objects.exists()
