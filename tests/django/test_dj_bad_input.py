@@ -50,6 +50,8 @@ CRASHES: list[tuple[str, Any]] = [
     ("run_at", "0001-01-01T00:00:00"),  # before 1970 once in UTC
     ("kwargs", None),                   # IntegrityError (NOT NULL) in save()
     ("meta", None),
+    ("job_id", None),                   # IntegrityError (NOT NULL); found by the fuzzer
+    ("name", None),
     ("jitter_s", ""),                   # ValueError in save(): a str in a number column
     ("run_at", ""),
     ("jitter_s", 1e308),                # OverflowError on the way to Redis
@@ -218,13 +220,16 @@ def test_the_admin_shows_each_bad_value_on_its_field(admin_client: Client, field
     assert not ZSchedJob.objects.exists()
 
 
-def test_a_failed_full_clean_changes_nothing_that_save_could_then_store() -> None:
-    """Found by the fuzzer: clean() turned ``meta=""`` into ``{}`` while full_clean()
-    failed on it, so the following save() passed and stored the row."""
-    row = ZSchedJob(url="https://example.com/", meta="")
+@pytest.mark.parametrize(("field", "value"), [("meta", ""), ("job_id", None)])
+def test_a_failed_full_clean_changes_nothing_that_save_could_then_store(field: str,
+                                                                        value: Any) -> None:
+    """Found by the fuzzer: clean() turned ``meta=""`` into ``{}`` (and derived the
+    id for ``job_id=None``) while full_clean() failed on that very field, so the
+    following save() passed and stored the row."""
+    row = ZSchedJob(url="https://example.com/", **{field: value})
     with pytest.raises(ValidationError):
         row.full_clean()
-    assert row.meta == ""
+    assert getattr(row, field) == value
     with pytest.raises(ValidationError):
         row.save()
     assert not ZSchedJob.objects.exists()

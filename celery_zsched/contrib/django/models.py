@@ -103,8 +103,12 @@ def raw_value_problem(field: models.Field, value: Any, instance: models.Model) -
     ``None`` in a NOT NULL column (``meta``, ``args``, ``kwargs``) and ``""``
     in a number or date-time column. Anything Django reports itself is left to it.
     """
+    if value is None and not field.null:
+        # A NOT NULL column: save() would raise IntegrityError.
+        empty = '""' if isinstance(field, models.CharField) else "{} or []"
+        return f"must not be None (give {empty} for none)"
     if value is None:
-        return None if field.null else "must not be null (give {} or [] for none)"
+        return None
     if isinstance(value, str) and not value and not isinstance(field, models.CharField):
         return "must not be an empty string (give None for none)"
     if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
@@ -342,11 +346,11 @@ class ZSchedJob(models.Model):
             raise DjangoValidationError({field: message}) from exc
         # Fill the derived id now, so validate_unique() (run after clean())
         # reports a second row for the same URL as a duplicate.
+        if self._zsched_failed:
+            return  # full_clean() fails: leave the values as they were given
         if not self.job_id:
             self.job_id = job.id
         self.kind = job.kind
-        if self._zsched_failed:
-            return  # full_clean() fails: leave the values as they were given
         for name in ("meta", "args", "kwargs"):
             # A string holds JSON for the core (as in a CSV cell), but a JSON
             # string for Django: store what the core read from it.
