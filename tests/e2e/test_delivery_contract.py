@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import pytest
 from kombu.transport.redis import Channel
 
+from celery_zsched.state import RuntimeState
 from celery_zsched.store import task_id_for
 
 from .conftest import Deployment, Hit, Proc, TargetServer, log_events, wait_for
@@ -116,9 +117,9 @@ def broker_sample(d: Deployment, per_job: bool = False) -> BrokerSample:
     return BrokerSample(int(waiting), int(unacked), 0)
 
 
-def states(d: Deployment) -> dict[str, dict[str, Any]]:
-    """Every job's runtime state (``s`` status, ``o`` occurrence, ``a`` attempt, ...)."""
-    return {job_id: json.loads(raw)
+def states(d: Deployment) -> dict[str, RuntimeState]:
+    """Every job's runtime state."""
+    return {job_id: RuntimeState.from_wire(raw)
             for job_id, raw in d.store.client.hgetall(d.store.keys.state).items()}
 
 
@@ -152,12 +153,13 @@ def per_occurrence(runs: dict[str, list[Hit]]) -> dict[int, int]:
     return dict(sorted(Counter(len(hits) for hits in runs.values()).items()))
 
 
-def wait_all(d: Deployment, ids: list[str], predicate: Callable[[dict[str, Any]], bool],
-             timeout: float, what: str) -> dict[str, dict[str, Any]]:
+def wait_all(d: Deployment, ids: list[str], predicate: Callable[[RuntimeState], bool],
+             timeout: float, what: str) -> dict[str, RuntimeState]:
     """Poll every job's state until ``predicate`` holds for each one; return them."""
-    def check() -> dict[str, dict[str, Any]] | None:
+    def check() -> dict[str, RuntimeState] | None:
         now = states(d)
-        return now if all(predicate(now.get(job_id, {})) for job_id in ids) else None
+        return now if all(predicate(now.get(job_id, RuntimeState())) for job_id in ids) \
+            else None
     # At a pace that suits a read of every job's state.
     return wait_for(check, timeout, what, interval=0.25, check=d.check_alive)
 
@@ -217,9 +219,9 @@ def test_outage_of_ten_leases_keeps_one_message_per_job_kills_none_and_runs_each
     with sampling(lambda: broker_sample(d, per_job=True), 0.5) as recovery:
         d.start_worker("prefork", pool="prefork", concurrency=2)
         d.start_worker("threads", pool="threads", concurrency=4)
-        wait_all(d, ids, lambda st: st.get("r", 0) >= 1, 120, "every job to run once")
+        wait_all(d, ids, lambda st: st.runs >= 1, 120, "every job to run once")
         drained = time.monotonic() - back
-        final = wait_all(d, ids, lambda st: st.get("r", 0) >= 2, OUTAGE_INTERVAL_S + 120,
+        final = wait_all(d, ids, lambda st: st.runs >= 2, OUTAGE_INTERVAL_S + 120,
                          "every job to run again on its cadence")
 
     runs = executions(target, "/ok/outage/")
@@ -244,7 +246,7 @@ def test_outage_of_ten_leases_keeps_one_message_per_job_kills_none_and_runs_each
     assert all(len(hits) == 1 for hits in runs.values()), per_occurrence(runs)
     assert len(runs) >= 2 * n
     assert (dead, tally["lost"], tally["redelivered"], tally["duplicates"]) == (0, 0, 0, 0)
-    assert all(st["s"] != "dead" and st.get("d", 0) == 0 for st in final.values())
+    assert all(st.status != "dead" and st.crashes == 0 for st in final.values())
     # Back on its cadence: the next run an interval after the catch-up run, not before,
     # and the missed slots of the outage are not replayed.
     assert min(gaps_s) > OUTAGE_INTERVAL_S - 0.05, gaps_s  # two clocks: 50 ms of slack
@@ -281,9 +283,9 @@ def running_executions(d: Deployment) -> set[tuple[str, int, int, int]]:
     out = set()
     for job_id, raw in zip(ids, d.store.client.hmget(d.store.keys.state, ids) if ids else [],
                            strict=True):
-        st = json.loads(raw) if raw else {}
-        if st.get("s") == "running":
-            out.add((job_id, int(st["o"]), int(st["a"]), int(st["sa"])))
+        st = RuntimeState.from_wire(raw)
+        if raw and st.status == "running" and st.started_ms is not None:
+            out.add((job_id, st.occurrence, st.attempt, st.started_ms))
     return out
 
 
@@ -326,7 +328,7 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
     # A last worker that lives: every job must come back and run.
     end_ms = d.store.now_ms()
     d.start_worker("last", pool="prefork", concurrency=4)
-    final = wait_all(d, ids, lambda st: st.get("s") == "dead" or st.get("l", 0) > end_ms,
+    final = wait_all(d, ids, lambda st: st.status == "dead" or (st.last_settled_ms or 0) > end_ms,
                      n / 5 + 90, "every live job to settle a run after the crash loop")
 
     runs = executions(target, "/sleep/crash/")
@@ -343,11 +345,11 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
     dead = set(d.store.client.zrange(d.store.keys.dead, 0, -1))
     tally = counters(d)
     settled = {json.loads(fields["data"])["task_id"] for fields in settles(d)}
-    dead_tasks = {task_id_for(job_id, st["o"], st["a"]) for job_id, st in final.items()
-                  if st["s"] == "dead"}
+    dead_tasks = {task_id_for(job_id, st.occurrence, st.attempt) for job_id, st in final.items()
+                  if st.status == "dead"}
     # An execution that never settled: killed (its job dead-lettered), or running right now.
     unsettled = set(runs) - settled - dead_tasks
-    current = {task_id_for(job_id, st["o"], st["a"]) for job_id, st in states(d).items()}
+    current = {task_id_for(job_id, st.occurrence, st.attempt) for job_id, st in states(d).items()}
     report(request, "crash_loop", jobs=n, kills=len(kills), lease_s=LEASE_S,
            broker_max_messages=max(s.messages for s in broker),
            max_deliveries=CRASH_MAX_DELIVERIES,
@@ -362,7 +364,7 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
 
     assert not unexplained, unexplained[:5]
     assert dead == killed_dead, (dead, killed_dead)
-    assert all(final[job_id].get("d") == CRASH_MAX_DELIVERIES for job_id in dead)
+    assert all(final[job_id].crashes == CRASH_MAX_DELIVERIES for job_id in dead)
     assert tally["redelivered"] + tally["dead"] == sum(crashes.values()), (tally, crashes)
     assert sum(crashes.values()) >= CRASH_KILLS, "the kills must land on running tasks"
     # Every live job settled a run after the loop (waited for above), and nothing ran
@@ -458,14 +460,14 @@ def test_messages_the_broker_lost_are_republished_after_the_delivery_deadline_an
     held = sum(e["held"] for e in log_events(beat.text(), "delivery_held"))
     assert held >= n, held
     assert (counters(d)["lost"], d.broker.llen(d.queue)) == (0, 0)
-    assert all(st["s"] == "queued" for st in states(d).values())
+    assert all(st.status == "queued" for st in states(d).values())
 
     # A worker comes back: the messages are presumed lost and republished, same task id.
     up = time.monotonic()
     worker = d.start_worker("prefork", pool="prefork", concurrency=2)
     wait_ready(d, worker)
     ready = time.monotonic()
-    wait_all(d, ids, lambda st: st.get("r", 0) >= 1, 30, "every lost occurrence to run")
+    wait_all(d, ids, lambda st: st.runs >= 1, 30, "every lost occurrence to run")
     ran = time.monotonic()
     runs = executions(target, "/ok/lost/")
     tally = counters(d)
@@ -510,7 +512,7 @@ def test_a_task_running_ten_leases_executes_once_under_its_heartbeat(
         return time.monotonic(), set(d.store.client.zrange(d.store.keys.leases, 0, -1))
 
     with sampling(leases, 0.25) as seen:
-        final = wait_all(d, ids, lambda st: st.get("r", 0) >= 1, 2 * LONG_TASK_S + 30,
+        final = wait_all(d, ids, lambda st: st.runs >= 1, 2 * LONG_TASK_S + 30,
                          "every long task to complete")
     runs = executions(target, "/slow/long/")
     tally = counters(d)
@@ -532,7 +534,7 @@ def test_a_task_running_ten_leases_executes_once_under_its_heartbeat(
     assert all(len(hits) == 1 for hits in runs.values()) and len(runs) == n, runs
     assert sorted(i for i, _s, _ms in settled) == sorted(ids)
     assert all(status == "complete" and ms >= LONG_TASK_S * 1000 for _i, status, ms in settled)
-    assert all(st["s"] == "scheduled" and st.get("d", 0) == 0 for st in final.values())
+    assert all(st.status == "scheduled" and st.crashes == 0 for st in final.values())
     assert (tally["redelivered"], tally["lost"], tally["duplicates"], tally["dead"]) == (
         0, 0, 0, 0)
     assert tally["started"] == n
