@@ -28,6 +28,7 @@ class Heartbeat:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.worker = ""
+        self.queues: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self._running: dict[str, tuple[int, int]] = {}
         self._wake = threading.Event()
@@ -50,15 +51,15 @@ class Heartbeat:
         with self._lock:
             return [(job_id, o, a) for job_id, (o, a) in self._running.items()]
 
-    def announce(self, worker: str) -> None:
-        """Record ``worker`` as alive on every beat, starting now."""
-        self.worker = worker
+    def announce(self, worker: str, queues: tuple[str, ...] = ()) -> None:
+        """Record ``worker`` and the ``queues`` it consumes as alive on every beat, from now."""
+        self.worker, self.queues = worker, queues
         self.beat()
         self._ensure_thread()
 
     def retire(self) -> None:
         """Stop announcing the worker (clean shutdown); running leases are still kept."""
-        worker, self.worker = self.worker, ""
+        worker, self.worker, self.queues = self.worker, "", ()
         if worker:
             try:
                 self.store.forget_worker(worker)
@@ -71,7 +72,7 @@ class Heartbeat:
         if not running and not self.worker:
             return
         try:
-            gone = self.store.heartbeat(running, self.worker)
+            gone = self.store.heartbeat(running, self.worker, self.queues)
         except StoreUnavailable as exc:
             logger.warning("zsched: heartbeat failed (%s); %d leases may run out",
                            exc, len(running))

@@ -15,7 +15,7 @@ from .beat_entries import job_from_entry
 from .config import Settings, redact_url
 from .errors import BrokerUnavailable, StoreUnavailable
 from .job import Defaults
-from .publish import publish_batch
+from .publish import publish_batch, routing_options
 from .store import Claimed, Store
 from .telemetry import log_event
 
@@ -41,6 +41,7 @@ class ZSchedScheduler(Scheduler):
         self._failures = 0
         self._next_reap_ms: int | None = 0
         self._held_back = False
+        self._queues: dict[tuple[str, str | None, str | None], str | None] = {}
         # Redis clock at the last claim, and the monotonic clock then: enough to
         # know when a lease is due without asking Redis on every tick.
         self._clock = (0, 0.0)
@@ -183,7 +184,23 @@ class ZSchedScheduler(Scheduler):
             self.store.release(to_send)
             self.__dict__.pop("producer", None)
             raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
+        # The reaper asks whether a worker consumes this queue before it
+        # presumes a message lost (one more round trip per batch).
+        self.store.routed([(c, queue) for c in to_send if (queue := self._queue_of(c))])
         return len(to_send)
+
+    def _queue_of(self, claimed: Claimed) -> str | None:
+        """The queue ``claimed`` was published to, as Celery's router resolves it."""
+        job = claimed.job
+        key = (job.task, job.queue, job.routing_key)
+        if key not in self._queues:
+            try:
+                route = self.app.amqp.router.route(routing_options(claimed), job.task)
+                queue = route.get("queue")
+                self._queues[key] = str(queue.name) if queue is not None else None
+            except Exception:  # an unroutable task is reported by the publish itself
+                self._queues[key] = None
+        return self._queues[key]
 
     def close(self) -> None:
         super().close()

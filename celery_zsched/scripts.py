@@ -127,7 +127,9 @@ START = ScriptSpec(
     args=("id", "occurrence", "attempt", "lease_ms", "expires_ms"), reply=_start_reply)
 HEARTBEAT = ScriptSpec(
     "heartbeat", ("leases", "state", "workers"),
-    args=("lease_ms", "worker"), group=("id", "occurrence", "attempt"), reply=_ids)
+    args=("lease_ms", "worker", "queues"), group=("id", "occurrence", "attempt"), reply=_ids)
+ROUTED = ScriptSpec(
+    "routed", ("state",), group=("id", "occurrence", "attempt", "queue"), reply=int)
 RETRYING = ScriptSpec(
     "retrying", ("leases", "queued", "state"),
     args=("id", "occurrence", "attempt", "deadline_ms"), reply=bool)
@@ -149,5 +151,6 @@ CONTROL = ScriptSpec(
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
-    for spec in (UPSERT, CLAIM, START, HEARTBEAT, RETRYING, SETTLE, REAP, RELEASE, CONTROL)
+    for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RELEASE,
+                 CONTROL)
 }

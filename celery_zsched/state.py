@@ -57,6 +57,8 @@ class RuntimeState:
         "l", "when the last settle happened, on Redis' clock (the job's last run)"))
     timing_signature: str | None = field(default=None, metadata=_wire(
         "g", "signature of the timing the schedule was computed from"))
+    queue: str | None = field(default=None, metadata=_wire(
+        "q", "the queue beat routed the published message to"))
 
     @classmethod
     def from_wire(cls, raw: str | bytes | Mapping[str, Any] | None) -> RuntimeState:

@@ -443,18 +443,33 @@ class Store:
                           expires_ms="" if expires_ms is None else expires_ms)
 
     @_unavailable
-    def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "") -> list[str]:
+    def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "",
+                  queues: Sequence[str] = ()) -> list[str]:
         """Extend the execution leases of ``running`` (id, occurrence, attempt) triples.
 
-        ``worker``, when given, is recorded as alive. Returns the ids that are no
-        longer running (settled, reaped or superseded): stop beating for them.
+        ``worker`` and the ``queues`` it consumes, when given, are recorded as
+        alive. Returns the ids that are no longer running (settled, reaped or
+        superseded): stop beating for them.
         """
         return self._call(scripts.HEARTBEAT, running,
-                          lease_ms=int(self.settings.lease_s * 1000), worker=worker)
+                          lease_ms=int(self.settings.lease_s * 1000), worker=worker,
+                          queues=" ".join(queues))
+
+    @_unavailable
+    def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:
+        """Record the queue each published occurrence went to (for the reaper)."""
+        if not published:
+            return 0
+        return self._call(scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, queue)
+                                           for c, queue in published])
 
     @_unavailable
     def forget_worker(self, worker: str) -> None:
-        """Drop a worker that shut down cleanly from the live workers."""
+        """Drop a worker that shut down cleanly from the live workers.
+
+        Its queues stay until they age out: another worker may consume them, and
+        holding a message back a little longer is the safe mistake.
+        """
         self.client.zrem(self.keys.workers, worker)
 
     @_unavailable

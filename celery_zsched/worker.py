@@ -223,9 +223,16 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     app = _app_of(sender)
     name = f"{getattr(sender, 'hostname', None) or 'worker'}:{os.getpid()}"
     try:
-        heartbeat_for(app, store_for_app(app)).announce(name)
+        heartbeat_for(app, store_for_app(app)).announce(name, _consumed_queues(sender, app))
     except StoreUnavailable as exc:  # the heartbeat thread keeps trying
         logger.warning("zsched: cannot announce worker %s yet: %s", name, exc)
+
+
+def _consumed_queues(consumer: Any, app: Any) -> tuple[str, ...]:
+    """Names of the queues this worker consumes (``-Q``, else the app's defaults)."""
+    task_consumer = getattr(consumer, "task_consumer", None)
+    queues = getattr(task_consumer, "queues", None) or app.amqp.queues.consume_from.values()
+    return tuple(sorted({str(q.name) for q in queues}))
 
 
 def on_worker_shutdown(sender: Any = None, **_: Any) -> None:

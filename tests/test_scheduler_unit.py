@@ -254,6 +254,9 @@ def test_tick_publishes_due_jobs_with_task_id_headers_and_routing(
     assert (args, kwargs) == ([1, "x"], {"k": 2})
     assert q1[0]["properties"]["delivery_info"]["routing_key"] == "q1"
 
+    # Beat records where each message went, for the reaper's liveness question.
+    assert (store.get(url_job.id).state.queue, store.get(routed.id).state.queue) == (
+        "celery", "q1")
     # In flight: never promoted again, so each queue holds one message per job.
     scheduler.tick()
     assert (rclient.llen("celery"), rclient.llen("q1")) == (1, 1)
@@ -330,7 +333,7 @@ def test_redelivery_of_an_expired_lease_is_published_again_despite_misfire_grace
     first = _messages(rclient)
     assert [m["headers"]["zsched_job_id"] for m in first] == ["lost"]
     rclient.delete("celery")  # the broker lost the message
-    store.heartbeat([], "worker@host:1")  # while a worker was alive to take it
+    store.heartbeat([], "worker@host:1", ["celery"])  # while a worker consumed its queue
     time.sleep(0.1)
     scheduler.tick()
     again = _messages(rclient)

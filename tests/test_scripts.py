@@ -437,6 +437,24 @@ def test_message_lost_while_a_worker_is_alive_is_republished_with_the_same_task_
     assert store.client.hget(store.keys.counters, "duplicates") == "1"
 
 
+def test_a_passed_delivery_deadline_is_held_while_no_worker_consumes_its_queue(
+    make_store: Callable[..., Store],
+) -> None:
+    """Workers of another queue do not make a waiting message look lost: the reaper asks
+    about the queue beat routed the occurrence to."""
+    store = make_store(delivery_timeout_s=0.05)
+    claimed = _claim_one(store)
+    assert store.routed([(claimed, "b")]) == 1
+    assert _state(store, claimed.job.id).queue == "b"
+    store.heartbeat([], "w1@host:1", ["a"])
+    for _ in range(2):
+        time.sleep(0.07)
+        assert store.reap() == ReapResult(held=1)
+    store.heartbeat([], "w2@host:2", ["b", "c"])
+    time.sleep(0.07)
+    assert store.reap() == ReapResult(lost=1, ids=(claimed.job.id,))
+
+
 def test_entries_leased_under_the_old_meaning_become_queued_on_upgrade(
     make_store: Callable[..., Store],
 ) -> None:

@@ -6,10 +6,12 @@
 --     id) and one crash is counted; after max_deliveries crashes the job is
 --     dead-lettered;
 --   * a delivery deadline that passed means the message never started. If a
---     worker is alive, the broker lost it: it is republished (same task id),
---     and no crash is counted. If no worker is alive, it is only waiting: its
---     deadline is pushed back and nothing is republished, so a worker outage
---     of any length never adds a message nor dead-letters anything.
+--     worker consuming its queue is alive, the broker lost it: it is
+--     republished (same task id), and no crash is counted. If none is, it is
+--     only waiting: its deadline is pushed back and nothing is republished, so
+--     a worker outage of any length never adds a message nor dead-letters
+--     anything. (An occurrence whose queue beat did not record, written by an
+--     older beat, asks whether any worker at all is alive.)
 -- Entries with the status "leased" predate execution leases (they were
 -- promoted under the old meaning); they are converted to queued, with a
 -- delivery deadline counted from their promotion.
@@ -73,12 +75,17 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
 end
 
 redis.call("ZREMRANGEBYSCORE", workers, "-inf", now - 10 * alive_ms)
-local alive = #redis.call("ZRANGEBYSCORE", workers, now - alive_ms, "+inf", "LIMIT", 0, 1) > 0
+local any_alive = #redis.call("ZRANGEBYSCORE", workers, now - alive_ms, "+inf", "LIMIT", 0, 1) > 0
+local function consumed(queue)
+  if not queue then return any_alive end
+  local seen = redis.call("ZSCORE", workers, "q:" .. queue)
+  return seen and tonumber(seen) >= now - alive_ms
+end
 for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0, limit)) do
   local st = live_state(id)
   if not st or (st.s ~= "queued" and st.s ~= "leased") then
     redis.call("ZREM", queued, id)
-  elseif not alive then
+  elseif not consumed(st.q) then
     redis.call("ZADD", queued, now + delivery_ms, id)
     out[4] = out[4] + 1
   else

@@ -542,3 +542,30 @@ def test_a_task_running_ten_leases_executes_once_under_its_heartbeat(
     # Each execution lease was held, extended by heartbeats, for the whole run.
     assert sorted(lease_held_s) == sorted(ids), lease_held_s
     assert min(lease_held_s.values()) >= LONG_TASK_S - 1, lease_held_s
+
+
+def test_workers_of_another_queue_do_not_make_waiting_messages_look_lost(
+        deploy: Callable[..., Deployment], target: TargetServer,
+        request: pytest.FixtureRequest) -> None:
+    """A worker is alive, but on another queue: the messages of a queue nobody consumes are
+    only waiting. Past four delivery deadlines the broker still holds one message per job;
+    when a worker for their queue arrives, each runs once."""
+    d = deploy(lease_s=2, delivery_timeout_s=3)
+    jobs = [d.job(url=target.url(f"/ok/other-queue/{i}"), interval_s=3600) for i in range(5)]
+    d.store.upsert_many(jobs, stagger=False)
+    d.start_beat()
+    d.wait_for(lambda: d.broker.llen(d.queue) >= 5, 30, "5 messages")
+    other = d._spawn("other", [
+        "worker", "-P", "solo", "-Q", f"{d.queue}-other", "-n", "other@%h",
+        "--loglevel", "INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"])
+    d.wait_for(lambda: " ready." in other.text(), 60, "the worker of the other queue")
+    time.sleep(12)  # four delivery deadlines
+    per_job = Counter(m["headers"]["zsched_job_id"] for m in queued_messages(d))
+    assert per_job == Counter({job.id: 1 for job in jobs}), per_job
+    assert counters(d)["lost"] == 0
+    d.start_worker("worker")
+    wait_all(d, [job.id for job in jobs], lambda st: st.runs >= 1, 60, "every job to run")
+    for i in range(len(jobs)):
+        assert len(target.hits(f"/ok/other-queue/{i}")) == 1
+    report(request, "other-queue", messages_per_job_max=max(per_job.values()),
+           lost=counters(d)["lost"], runs=len(jobs))
