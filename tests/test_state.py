@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import fields
 from importlib import resources
+from pathlib import Path
 
 import redis
 
@@ -66,3 +67,11 @@ def test_the_compact_encoding_saves_memory_per_job(rclient: redis.Redis) -> None
                - (rclient.memory_usage("t:compact") or 0)) / n
     print(f"compact {len(compact)} B, readable {len(readable)} B, saving {per_job:.0f} B/job")
     assert per_job >= 80
+
+
+def test_the_readme_documents_every_state_field_by_name() -> None:
+    """The README's Redis layout lists each field with its wire key."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    missing = [name for name, wire, _doc in RuntimeState.describe()
+               if f"| `{name}` | `{wire}` |" not in readme]
+    assert missing == []
