@@ -23,3 +23,17 @@ end
 local function encode_state(st)
   return cjson.encode(st)
 end
+
+-- The state of job ``id`` if its current occurrence and attempt are the ones
+-- given (ARGV strings) and its status is one of ``statuses``; else nil. Every
+-- compare-and-set on an occurrence starts here.
+local function current_state(key, id, occurrence, attempt, statuses)
+  local raw = redis.call("HGET", key, id)
+  if not raw then return nil end
+  local st = decode_state(raw)
+  if st.o ~= tonumber(occurrence) or st.a ~= tonumber(attempt) then return nil end
+  for _, status in ipairs(statuses) do
+    if st.s == status then return st end
+  end
+  return nil
+end

@@ -23,9 +23,7 @@ for queue in string.gmatch(ARGV[3], "%S+") do redis.call("ZADD", workers, now, "
 local gone = {}
 for i = 4, #ARGV, 3 do
   local id = ARGV[i]
-  local raw = redis.call("HGET", state, id)
-  local st = raw and decode_state(raw)
-  if st and st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "running"
+  if current_state(state, id, ARGV[i + 1], ARGV[i + 2], {"running"})
       and redis.call("ZSCORE", leases, id) then
     redis.call("ZADD", leases, "XX", until_ms, id)
   else

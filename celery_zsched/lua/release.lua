@@ -12,16 +12,12 @@ local queued, schedule, state = KEYS[1], KEYS[2], KEYS[3]
 local released = 0
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]
-  local raw = redis.call("HGET", state, id)
-  if raw then
-    local st = decode_state(raw)
-    if st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2]) and st.s == "queued"
-        and redis.call("ZREM", queued, id) == 1 then
-      st.s, st.x = "scheduled", math.max(0, (st.x or 1) - 1)
-      redis.call("ZADD", schedule, st.due or st.o, id)
-      redis.call("HSET", state, id, encode_state(st))
-      released = released + 1
-    end
+  local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {"queued"})
+  if st and redis.call("ZREM", queued, id) == 1 then
+    st.s, st.x = "scheduled", math.max(0, (st.x or 1) - 1)
+    redis.call("ZADD", schedule, st.due or st.o, id)
+    redis.call("HSET", state, id, encode_state(st))
+    released = released + 1
   end
 end
 return released

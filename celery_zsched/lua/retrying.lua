@@ -14,10 +14,8 @@
 -- Returns 1 if requeued, 0 if the occurrence is no longer running
 local leases, queued, state = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
-local raw = redis.call("HGET", state, id)
-if not raw then return 0 end
-local st = decode_state(raw)
-if st.o ~= tonumber(ARGV[2]) or st.a ~= tonumber(ARGV[3]) or st.s ~= "running" then return 0 end
+local st = current_state(state, id, ARGV[2], ARGV[3], {"running"})
+if not st then return 0 end
 local now = now_ms()
 redis.call("ZREM", leases, id)
 redis.call("ZADD", queued, now + tonumber(ARGV[4]), id)

@@ -11,15 +11,11 @@ local state = KEYS[1]
 local recorded = 0
 for i = 1, #ARGV, 4 do
   local id = ARGV[i]
-  local raw = redis.call("HGET", state, id)
-  if raw then
-    local st = decode_state(raw)
-    if st.o == tonumber(ARGV[i + 1]) and st.a == tonumber(ARGV[i + 2])
-        and (st.s == "queued" or st.s == "running") then
-      st.q = ARGV[i + 3]
-      redis.call("HSET", state, id, encode_state(st))
-      recorded = recorded + 1
-    end
+  local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {"queued", "running"})
+  if st then
+    st.q = ARGV[i + 3]
+    redis.call("HSET", state, id, encode_state(st))
+    recorded = recorded + 1
   end
 end
 return recorded
