@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from .errors import StoreUnavailable
@@ -31,7 +32,6 @@ class Heartbeat:
         self.queues: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self._running: dict[str, tuple[int, int]] = {}
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def track(self, job_id: str, occurrence: int, attempt: int) -> None:
@@ -89,7 +89,8 @@ class Heartbeat:
 
     def _loop(self) -> None:
         interval = self.store.settings.heartbeat_s
-        while not self._wake.wait(interval):
+        while True:
+            time.sleep(interval)
             try:
                 self.beat()
             except Exception:  # the thread must outlive any one bad beat

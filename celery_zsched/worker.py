@@ -222,10 +222,8 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     """Announce this worker as alive for as long as it runs."""
     app = _app_of(sender)
     name = f"{getattr(sender, 'hostname', None) or 'worker'}:{os.getpid()}"
-    try:
-        heartbeat_for(app, store_for_app(app)).announce(name, _consumed_queues(sender, app))
-    except StoreUnavailable as exc:  # the heartbeat thread keeps trying
-        logger.warning("zsched: cannot announce worker %s yet: %s", name, exc)
+    # A Redis outage is logged by the beat itself; the thread keeps trying.
+    heartbeat_for(app, store_for_app(app)).announce(name, _consumed_queues(sender, app))
 
 
 def _consumed_queues(consumer: Any, app: Any) -> tuple[str, ...]:
