@@ -78,18 +78,26 @@ class Cfg:
 
 def make_app(cfg: Cfg) -> Any:
     """A Celery app on the throwaway broker, with zsched pointed at the store."""
+    return celery_app("zsched_bench", cfg.broker_url, cfg.store_url, STORE_PREFIX,
+                      cfg.batch_size)
+
+
+def celery_app(name: str, broker_url: str, store_url: str, key_prefix: str, batch_size: int,
+               **conf: Any) -> Any:
+    """A Celery app named ``name`` on ``broker_url``, zsched on ``store_url``; ``conf``: more."""
     from celery import Celery
 
-    app = Celery("zsched_bench", broker=cfg.broker_url)
+    app = Celery(name, broker=broker_url)
     app.conf.update(
-        zsched_redis_url=cfg.store_url,
-        zsched_key_prefix=STORE_PREFIX,
-        zsched_batch_size=cfg.batch_size,
+        zsched_redis_url=store_url,
+        zsched_key_prefix=key_prefix,
+        zsched_batch_size=batch_size,
         # The storm measures how fast one beat publishes with no worker running:
         # lift the backpressure bound, which would otherwise stop it at 10 x batch.
         zsched_max_queued=100_000_000,
         beat_schedule={},
         broker_connection_retry_on_startup=False,
+        **conf,
     )
     return app
 
@@ -120,20 +128,28 @@ def make_rows(n: int, cfg: Cfg, tag: str, cron_share: float = 0.0) -> Iterator[d
 
 
 # ------------------------------------------------------------ redis servers
-def _free_port() -> int:
+def _free_port(bus: bool = False) -> int:
+    """A free port, never 6379; ``bus``: port + 10000 (a cluster node's bus) fits too."""
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        if port != 6379:
+        if port != 6379 and not (bus and (port + 10000 >= 65536 or port + 10000 == 6379)):
             return port
 
 
 class RedisServer:
-    """A throwaway ``redis-server`` without persistence, on a free port."""
+    """A throwaway ``redis-server`` without persistence, on a free port.
 
-    def __init__(self, name: str) -> None:
+    ``extra``: more ``redis-server`` arguments (with ``--cluster-enabled`` the
+    port is one whose bus port is free to use too); ``stop_wait_s``: how long
+    :meth:`stop` waits after SIGTERM before it kills.
+    """
+
+    def __init__(self, name: str, extra: tuple[str, ...] = (), stop_wait_s: float = 5.0) -> None:
         self.name = name
+        self.extra = extra
+        self.stop_wait_s = stop_wait_s
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir = tempfile.mkdtemp(prefix=f"zsched-bench-{name}-")
@@ -143,10 +159,10 @@ class RedisServer:
         if exe is None:
             raise SystemExit("redis-server not found on PATH")
         for _ in range(10):
-            self.port = _free_port()
+            self.port = _free_port(bus="--cluster-enabled" in self.extra)
             self.proc = subprocess.Popen(
                 [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self.dir, "--daemonize", "no"],
+                 "--appendonly", "no", "--dir", self.dir, "--daemonize", "no", *self.extra],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and self.proc.poll() is None:
@@ -155,7 +171,7 @@ class RedisServer:
                         return self
                 except redis.ConnectionError:
                     time.sleep(0.05)
-            self.stop()
+            self.stop(keep_dir=True)  # the next try runs in the same directory
         raise RuntimeError(f"could not start redis-server for {self.name}")
 
     def client(self) -> redis.Redis:
@@ -164,16 +180,17 @@ class RedisServer:
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def stop(self) -> None:
+    def stop(self, keep_dir: bool = False) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(5)
+                self.proc.wait(self.stop_wait_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def command_calls(client: redis.Redis) -> Counter[str]:
@@ -189,12 +206,12 @@ def command_delta(before: Counter[str], after: Counter[str]) -> Counter[str]:
 
 
 class RoundTrips:
-    """Counts request writes (one per command, one per pipeline) to one Redis port."""
+    """Counts request writes (one per command, one per pipeline per node) to ``ports``."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, *ports: int) -> None:
         from redis.connection import AbstractConnection
 
-        self.port = port
+        self.ports = set(ports)
         self.count = 0
         self._cls = AbstractConnection
         self._orig: Callable[..., Any] = AbstractConnection.send_packed_command
@@ -203,7 +220,7 @@ class RoundTrips:
         orig, counter = self._orig, self
 
         def counting(conn: Any, command: Any, check_health: bool = True) -> Any:
-            if getattr(conn, "port", None) == counter.port:
+            if getattr(conn, "port", None) in counter.ports:
                 counter.count += 1
             return orig(conn, command, check_health)
 
@@ -215,7 +232,8 @@ class RoundTrips:
 
 
 # ----------------------------------------------------------- child processes
-def _child_main(fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection) -> None:
+def child_main(fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection) -> None:
+    """A spawned child's body: send ``fn(*args)`` (or the traceback) back over ``conn``."""
     try:
         conn.send(("ok", fn(*args)))
     except BaseException:
@@ -226,22 +244,25 @@ def _child_main(fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection)
 
 def _receive(conn: Connection, what: str, timeout: float = CHILD_TIMEOUT_S) -> Any:
     if not conn.poll(timeout):
-        raise RuntimeError(f"{what}: no answer within {timeout:.0f}s")
+        raise TimeoutError(f"{what}: no answer within {timeout:.0f}s")
     status, value = conn.recv()
     if status != "ok":
         raise RuntimeError(f"{what} failed in the child process:\n{value}")
     return value
 
 
-def run_child(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn(*args)`` in a fresh spawned process and return its result."""
+def run_child(fn: Callable[..., Any], *args: Any, timeout: float = CHILD_TIMEOUT_S) -> Any:
+    """Run ``fn(*args)`` in a fresh spawned process and return its result.
+
+    Raises ``TimeoutError`` when it does not answer within ``timeout`` seconds.
+    """
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_child_main, args=(fn, args, child), daemon=True)
+    proc = ctx.Process(target=child_main, args=(fn, args, child), daemon=True)
     proc.start()
     child.close()
     try:
-        return _receive(parent, fn.__name__)
+        return _receive(parent, fn.__name__, timeout)
     finally:
         proc.join(10)
         if proc.is_alive():
@@ -310,14 +331,7 @@ class BeatHarness:
         self.sched = ZSchedScheduler(self.app)
         self.monitor = redis.Redis.from_url(cfg.store_url, decode_responses=True)
         self.claimed = 0
-        claim = self.sched.store.claim
-
-        def counting_claim(*args: Any, **kwargs: Any) -> Any:
-            batch = claim(*args, **kwargs)
-            self.claimed += len(batch.jobs)
-            return batch
-
-        self.sched.store.claim = counting_claim  # type: ignore[method-assign]
+        count_claims(self)
 
     def warmup(self) -> dict[str, Any]:
         """First ticks on an empty store, and a warm producer; returns RSS before any job."""
@@ -378,6 +392,19 @@ class BeatHarness:
             "cmd_breakdown": {k: round(v / ticks, 2) for k, v in calls.most_common()},
             "rss_mib": rss_mib(),
         }
+
+
+def count_claims(beat: Any) -> None:
+    """Add the jobs of each ``claim_parts`` (what a tick claims with) to ``beat.claimed``."""
+    store = beat.sched.store
+    claim_parts = store.claim_parts
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        batches = claim_parts(*args, **kwargs)
+        beat.claimed += sum(len(b.jobs) for b in batches.values())
+        return batches
+
+    store.claim_parts = counting
 
 
 def _beat_server(cfg: Cfg, store_port: int, conn: Connection) -> None:

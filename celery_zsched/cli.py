@@ -4,7 +4,8 @@ Installed through the ``celery.commands`` entry point, so Celery's own ``-A``
 picks the app, whose ``zsched_*`` settings pick the store.
 
 Exit status: 0 success, 1 unknown job id, 2 bad usage, 65 invalid job or
-import file (nothing written), 69 Redis unreachable, 78 bad ``zsched_*`` setting.
+import file (nothing written), 69 Redis unreachable, 75 repartition refused (beat
+or workers still alive), 78 bad ``zsched_*`` setting.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -20,23 +22,29 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TextIO, TypeVar
 
+import celery._state
 import click
 import redis
 from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 from celery.exceptions import CeleryCommandException
 
 from .appstore import app_timezone, store_for_app
-from .config import redact_url
+from .config import Settings, redact_url
+from .connection import redis_client
 from .errors import (
     ConfigurationError,
     ImportValidationError,
     JobNotFound,
     StoreUnavailable,
     ValidationError,
-    show_value,
+    got,
+    redis_unavailable,
 )
 from .importer import FORMATS, detect_format, export_row, iter_rows, parse_rows, write_rows
 from .job import Defaults, Job
+from .keys import Keys
+from .repartition import RepartitionRefused, recorded_partitions
+from .repartition import repartition as move_partitions
 from .sources import (
     DJANGO_CELERY_BEAT,
     REDBEAT,
@@ -54,9 +62,11 @@ R = TypeVar("R")
 EX_NOT_FOUND = 1
 EX_DATAERR = 65
 EX_UNAVAILABLE = 69
+EX_TEMPFAIL = 75
 EX_CONFIG = 78
 
 _STORE_META = "celery_zsched.store"
+_NOTED_META = "celery_zsched.default_app_noted"
 #: Errors listed before "... and N more" when rows are skipped.
 _MAX_LISTED = 50
 # CLI option of each job field whose name differs from ``--field-name``.
@@ -65,6 +75,21 @@ _OPTION_OF = {
     "expires_s": "--expires", "misfire_grace_s": "--misfire-grace", "enabled": "--paused",
     "kwargs": "--kwarg", "args": "--arg",
 }
+
+# A job field's name as a word of a message ("after start_at", "one of interval_s, cron").
+_FIELD_WORD = re.compile(r"(?<![\w-])(interval_s|cron|run_at|start_at|end_at|timezone|jitter_s|"
+                         r"expires_s|misfire_grace_s|max_runs|day_rule)(?![\w-])(?! expression)")
+
+
+def _option_of(field: str) -> str:
+    """The ``add`` option that sets job field ``field``: ``--misfire-grace``, ``--cron``."""
+    return _OPTION_OF.get(field, "--" + field.replace("_", "-"))
+
+
+def _user_words(message: str) -> str:
+    """``message`` with the job fields it names written as the options that set them."""
+    return _FIELD_WORD.sub(lambda m: _option_of(m.group(1)), message)
+
 
 def _fail(message: str, code: int) -> NoReturn:
     raise CeleryCommandException(message=message, exit_code=code)
@@ -105,7 +130,19 @@ def _app(ctx: click.Context) -> Any:
     app = getattr(obj, "app", None)
     if app is None:
         _fail("run this as `celery -A proj zsched ...`, so there is a Celery app", EX_CONFIG)
+    if _is_default_app(ctx, app) and not ctx.meta.get(_NOTED_META):
+        ctx.meta[_NOTED_META] = True
+        # Said before any Redis is touched: without -A the settings are Celery's
+        # defaults, so the store is most likely not the one the user meant.
+        click.echo("zsched: no -A/--app given: using Celery's default app and its settings "
+                   f"({redact_url(Settings.from_app(app).redis_url)})", err=True)
     return app
+
+
+def _is_default_app(ctx: click.Context, app: Any) -> bool:
+    """``app`` is the fallback app Celery makes when no ``-A``/``--app`` names one."""
+    root = ctx.find_root()
+    return not root.params.get("app") and app is getattr(celery._state, "default_app", None)
 
 
 def _store(ctx: click.Context) -> Store:
@@ -136,7 +173,8 @@ def _echo(ctx: click.Context, message: str) -> None:
 @click.pass_context
 @handle_preload_options
 def zsched(ctx: click.Context) -> None:
-    """Manage celery-zsched jobs: add, import, export, list, pause, resume, run now."""
+    """Manage celery-zsched jobs: add, import, export, list, pause, resume, run now;
+    per-domain pacing (domains); and the dead-letter queue (dead)."""
 
 
 # --------------------------------------------------------------------- add
@@ -245,8 +283,8 @@ def add(ctx: click.Context, /, **opts: Any) -> None:
     try:
         job = Job.from_dict(_definition(opts), _defaults(ctx, store))
     except ValidationError as exc:
-        option = _OPTION_OF.get(exc.field, "--" + exc.field.replace("_", "-"))
-        _fail(f"invalid {option}: {exc.message} (got {show_value(exc.value)})", EX_DATAERR)
+        _fail(f"invalid {_option_of(exc.field)}: {_user_words(exc.message)}{got(exc.value)}",
+              EX_DATAERR)
     report = store.upsert(job)
     info = store.get(job.id)
     _echo(ctx, job.id)
@@ -330,13 +368,13 @@ def import_(ctx: click.Context, path: str | None, fmt: str | None, skip_invalid:
         click.echo(f"... and {len(result.errors) - _MAX_LISTED} more", err=True)
     count = len(result.jobs)
     if dry_run:
-        _echo(ctx, f"dry run: {count} valid job(s), {len(result.errors)} invalid row(s) "
+        _echo(ctx, f"dry run: {count} valid job(s), {len(result.errors)} invalid job(s) "
                    f"in {parsed_s:.2f}s; nothing written")
         return
     click.echo(f"validated {count} job(s) in {parsed_s:.2f}s", err=True)
     with _progress(count, f"storing {path}") as progress:
         report = store.upsert_many(result.jobs, stagger=True, total=count, progress=progress)
-    skipped = f", skipped {len(result.errors)} invalid row(s)" if result.errors else ""
+    skipped = f", skipped {len(result.errors)} invalid job(s)" if result.errors else ""
     _echo(ctx, f"imported {count} job(s): created {report.created}, updated {report.updated}, "
                f"rescheduled {report.rescheduled}{skipped} in "
                f"{time.perf_counter() - started:.2f}s")
@@ -450,14 +488,25 @@ def show(ctx: click.Context, job_id: str) -> None:
 @click.pass_context
 @_errors
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Job counts by state, jobs due soon, and lifetime counters."""
-    counts = _store(ctx).stats()
+    """Job counts by state, jobs due soon, lifetime counters, and domains in trouble."""
+    store = _store(ctx)
+    counts = store.stats()
+    # Which domains are slow or cut off, by name: the counts alone do not say
+    # where to look (only with pacing on: off, no domain is paced).
+    alerts = store.domain_alerts() if store.settings.pacing else {}
     if as_json:
-        _echo(ctx, json.dumps(counts, indent=2, sort_keys=True))
+        _echo(ctx, json.dumps({**counts, **({"domain_alerts": alerts} if alerts else {})},
+                              indent=2, sort_keys=True))
         return
     width = max(map(len, counts))
     for key, value in counts.items():
         _echo(ctx, f"{key.ljust(width)}  {value}")
+    for label, names in (("throttled domains", alerts.get("throttled", [])),
+                         ("breakers open", alerts.get("breakers_open", []))):
+        if names:
+            more = len(names) - _MAX_LISTED
+            listed = ", ".join(names[:_MAX_LISTED]) + (f" ... and {more} more" if more > 0 else "")
+            _echo(ctx, f"{label}: {listed}")
 
 
 # ------------------------------------------------------------------ control
@@ -529,3 +578,62 @@ def run_now(ctx: click.Context, ids: tuple[str, ...]) -> None:
     _existing(store, ids)
     _report(ctx, ids, store.run_now(*ids), "{id} is due now", "{id}: in flight, left alone",
             "made {changed} of {total} job(s) due now")
+
+
+# ---------------------------------------------------------------- partitions
+@zsched.command(cls=CeleryCommand)
+@click.option("--to", "to", type=click.IntRange(min=1), required=True,
+              help="The partition count to move the store to.")
+@click.option("--force", is_flag=True,
+              help="Go on although beats or workers announced themselves within the last "
+                   "three heartbeats (only when they died without shutting down).")
+@click.pass_context
+@_errors
+def repartition(ctx: click.Context, to: int, force: bool) -> None:
+    """Move the store to TO partitions. Stop beat and workers first.
+
+    Resumes an interrupted run. Afterwards set zsched_partitions=TO everywhere
+    (beat, workers, Django) and start them again.
+    """
+    settings = Settings.from_app(_app(ctx))
+    client = redis_client(settings)
+    try:
+        with redis_unavailable():
+            base = Keys.for_prefix(settings.key_prefix)
+            source, _ = recorded_partitions(client, base)
+            total = sum(int(client.hlen(keys.defs)) for keys in base.partitions(source))
+            with _progress(total, "moving jobs") as progress:
+                report = move_partitions(client, settings, to, force=force, progress=progress)
+    except RepartitionRefused as exc:
+        _fail(str(exc), EX_TEMPFAIL)
+    finally:
+        client.close()
+    if report.source == report.target:
+        _echo(ctx, f"the store already has {to} partition(s); nothing to do")
+        return
+    _echo(ctx, f"repartitioned {report.source} -> {report.target}: moved {report.moved} "
+               f"job(s), kept {report.kept} in place, in {report.seconds:.1f}s")
+    _echo(ctx, f"now set zsched_partitions={to} for beat, workers and Django, then start them")
+
+
+# ------------------------------------------------------------------ domains
+# Last: cli_domains imports this module's helpers (_store, _errors ...), so it
+# can only be loaded once they exist.
+from .cli_domains import domains  # noqa: E402
+
+zsched.add_command(domains)
+
+# ------------------------------------------------------------- dead letters
+from .cli_dead import dead_group  # noqa: E402  (imports this module's helpers too)
+
+zsched.add_command(dead_group)
+
+# ----------------------------------------------------------------- exporter
+from .cli_exporter import exporter  # noqa: E402  (imports this module's helpers too)
+
+zsched.add_command(exporter)
+
+# --------------------------------------------------------------- next fires
+from .cli_next import COMMAND as next_command  # noqa: E402  (imports this module's helpers)
+
+zsched.add_command(next_command)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .domains import PacingDefaults
 from .errors import ConfigurationError
 from .keys import DEFAULT_PREFIX
 
@@ -34,6 +35,29 @@ class Settings:
     redis_url: str = ""
     #: Prefix of every key; a Redis Cluster hash tag is added when missing.
     key_prefix: str = DEFAULT_PREFIX
+    #: ``redis_url`` names a node of a Redis Cluster: use redis-py's cluster client.
+    redis_cluster: bool = False
+    #: Master name of a ``sentinel://`` ``redis_url`` (required with one).
+    sentinel_master: str = ""
+    #: Username on the Sentinels themselves (the URL's credentials are the master's).
+    sentinel_username: str = ""
+    #: Password on the Sentinels themselves (``requirepass`` in sentinel.conf).
+    sentinel_password: str = ""
+    #: Use TLS: implied by ``rediss://``; for ``sentinel://`` URLs, TLS to the
+    #: Sentinels and to the master.
+    redis_ssl: bool = False
+    #: CA bundle (PEM) that verifies the server's certificate.
+    redis_ssl_ca_certs: str = ""
+    #: Client certificate (PEM), for servers with ``tls-auth-clients yes``.
+    redis_ssl_certfile: str = ""
+    #: Private key of the client certificate (PEM).
+    redis_ssl_keyfile: str = ""
+    #: Server certificate check: ``required`` (redis-py's default when empty),
+    #: ``optional`` or ``none``.
+    redis_ssl_cert_reqs: str = ""
+    #: Partitions of the store, each under its own hash tag (its own Cluster
+    #: slot). Change it on a live store only with ``zsched repartition``.
+    partitions: int = 1
     #: Most jobs one claim takes (and one publish batch sends).
     batch_size: int = 1000
     #: Execution lease: seconds a started task may go without a worker heartbeat
@@ -66,6 +90,37 @@ class Settings:
     events_maxlen: int = 100_000
     #: Rows per pipelined chunk in bulk imports.
     import_chunk: int = 5000
+    #: Pace requests per domain in the claim (see the README's "Politeness").
+    pacing: bool = False
+    #: Least delay between the starts of two requests to one domain.
+    domain_delay_s: float = 1.0
+    #: Worker starts of two requests to one domain are at least the delay plus
+    #: this apart: it absorbs the worker's own path from its start to the socket.
+    domain_start_margin_s: float = 0.05
+    #: Most requests to one domain in flight (claimed and not settled); 0: no cap.
+    domain_max_in_flight: int = 1
+    #: Group hosts by registrable domain (eTLD+1, Public Suffix List).
+    domain_registrable: bool = False
+    #: Cap of a domain's adaptive delay.
+    domain_max_delay_s: float = 300.0
+    #: A 429 without Retry-After multiplies the domain's delay by this.
+    domain_backoff: float = 2.0
+    #: Each success takes this off a raised delay, never going below the base.
+    domain_decrease_s: float = 0.5
+    #: The breaker opens when this share of a domain's recent requests failed...
+    breaker_ratio: float = 0.5
+    #: ... over a window this long ...
+    breaker_window_s: float = 60.0
+    #: ... with at least this many requests in it ...
+    breaker_min_requests: int = 10
+    #: ... and stays open this long before one probe goes out.
+    breaker_cooldown_s: float = 30.0
+    #: Port of beat's Prometheus ``/metrics`` (see the README's "Operating it:
+    #: metrics"); 0: no metrics server.
+    metrics_port: int = 0
+    #: Address beat's metrics server binds. Loopback by default: metrics say how
+    #: big the fleet is and how it fares, so exposing them is a deliberate choice.
+    metrics_addr: str = "127.0.0.1"
 
     @property
     def queued_bound(self) -> int:
@@ -76,6 +131,18 @@ class Settings:
     def heartbeat_s(self) -> float:
         """How often workers extend their execution leases: a third of the lease."""
         return self.lease_s / 3
+
+    @property
+    def pacing_defaults(self) -> PacingDefaults:
+        """The pacing settings as the Lua scripts read them (ms)."""
+        return PacingDefaults(
+            delay_ms=round(self.domain_delay_s * 1000), cap=self.domain_max_in_flight,
+            max_delay_ms=round(self.domain_max_delay_s * 1000), backoff=self.domain_backoff,
+            decrease_ms=round(self.domain_decrease_s * 1000), breaker_ratio=self.breaker_ratio,
+            breaker_window_ms=round(self.breaker_window_s * 1000),
+            breaker_min=self.breaker_min_requests,
+            breaker_cooldown_ms=round(self.breaker_cooldown_s * 1000),
+            start_margin_ms=round(self.domain_start_margin_s * 1000))
 
     @classmethod
     def names(cls) -> list[str]:
@@ -131,40 +198,118 @@ class Settings:
                 name = name[len(namespace):]
             if name.lower().startswith(SETTING_PREFIX):
                 mapping[name] = conf.get(key)
-        return cls.from_mapping(mapping).with_broker_fallback(conf.broker_url)
+        return cls.from_mapping(mapping).with_broker_fallback(
+            conf.broker_url, conf.broker_transport_options, conf.broker_use_ssl)
 
-    def with_broker_fallback(self, broker_url: Any) -> Settings:
+    def with_broker_fallback(self, broker_url: Any,
+                             transport_options: Mapping[str, Any] | None = None,
+                             use_ssl: Any = None) -> Settings:
         """These settings, with an empty ``redis_url`` filled in.
 
-        The fallback is the broker URL when that is Redis, else
+        The fallback is the broker URL when that is Redis (``redis://``,
+        ``rediss://``, ``unix://`` or kombu's ``sentinel://``), else
         ``redis://localhost:6379/0``: beat, workers and Django agree on it.
+        With the broker's URL come the broker's connection options when the
+        matching ``zsched_*`` settings are empty: the Sentinel master
+        (``broker_transport_options['master_name']``), the Sentinels' password
+        (``...['sentinel_kwargs']['password']``) and the TLS files and
+        ``ssl_cert_reqs`` of ``broker_use_ssl``.
         """
         if self.redis_url:
             return self
         broker = str(broker_url or "")
-        is_redis = broker.startswith(("redis://", "rediss://", "unix://"))
-        return dataclasses.replace(self, redis_url=broker if is_redis else DEFAULT_REDIS_URL)
+        is_redis = broker.startswith(("redis://", "rediss://", "unix://", "sentinel://"))
+        if not is_redis:
+            return dataclasses.replace(self, redis_url=DEFAULT_REDIS_URL)
+        values: dict[str, Any] = {"redis_url": broker}
+        options = dict(transport_options or {})
+        if broker.startswith("sentinel://"):
+            sentinel_kwargs = dict(options.get("sentinel_kwargs") or {})
+            for name, value in (("sentinel_master", options.get("master_name")),
+                                ("sentinel_username", sentinel_kwargs.get("username")),
+                                ("sentinel_password", sentinel_kwargs.get("password"))):
+                if value and not getattr(self, name):
+                    values[name] = str(value)
+        if use_ssl and not broker.startswith("unix://"):
+            if broker.startswith("sentinel://"):
+                values["redis_ssl"] = True
+            for key, value in (use_ssl.items() if isinstance(use_ssl, Mapping) else ()):
+                name = "redis_" + str(key)
+                if name in _BROKER_SSL_SETTINGS and value is not None \
+                        and not getattr(self, name):
+                    values[name] = _cert_reqs_name(value) if key == "ssl_cert_reqs" else str(value)
+        settings = dataclasses.replace(self, **values)
+        settings.validate()
+        return settings
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the first bad value."""
         positive = ("batch_size", "lease_s", "delivery_timeout_s", "default_interval_s",
                     "retry_base_s", "retry_cap_s", "max_deliveries", "events_maxlen",
-                    "import_chunk")
+                    "import_chunk", "partitions")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
                 )
-        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued"):
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued",
+                     "domain_delay_s", "domain_max_in_flight", "domain_decrease_s",
+                     "domain_start_margin_s",
+                     "breaker_min_requests"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}"
                 )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}metrics_port must be in 0-65535 (0: off), "
+                f"got {self.metrics_port!r}")
+        self._validate_pacing()
+        from .connection import check_settings  # connection imports this module
+
+        check_settings(self)
+
+    def _validate_pacing(self) -> None:
+        for name in ("domain_max_delay_s", "breaker_window_s", "breaker_cooldown_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(
+                    f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}")
+        if self.domain_backoff < 1:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}domain_backoff must be >= 1, got {self.domain_backoff!r}")
+        if not 0 < self.breaker_ratio <= 1:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}breaker_ratio must be in (0, 1], got {self.breaker_ratio!r}")
+        if self.pacing and self.partitions > 1:
+            # A domain's gate must share a slot with every job of the domain, and
+            # jobs are placed by id: exact pacing needs one partition for now.
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}pacing needs {SETTING_PREFIX}partitions = 1, "
+                f"got {self.partitions}")
+
+
+#: ``broker_use_ssl`` keys (kombu's Redis transport) that fill our TLS settings.
+_BROKER_SSL_SETTINGS = frozenset({"redis_ssl_ca_certs", "redis_ssl_certfile",
+                                  "redis_ssl_keyfile", "redis_ssl_cert_reqs"})
+
+
+def _cert_reqs_name(value: Any) -> str:
+    """``ssl.CERT_REQUIRED`` (or its name, or redis-py's) as redis-py's ``required``."""
+    import ssl
+
+    if isinstance(value, int):  # ssl.VerifyMode is an IntEnum
+        names = {int(ssl.CERT_NONE): "none", int(ssl.CERT_OPTIONAL): "optional",
+                 int(ssl.CERT_REQUIRED): "required"}
+        return names.get(int(value), str(value))
+    text = str(value).strip().lower()
+    return text[len("cert_"):] if text.startswith("cert_") else text
 
 
 def _coerce(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
-    kind = type(f.default)
+    kind: type[Any] = type(f.default)
     try:
+        if kind is bool:
+            return _as_bool(raw)
         if kind is str:
             return str(raw)
         if kind is int and not isinstance(raw, bool):
@@ -173,7 +318,24 @@ def _coerce(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
             return float(raw)
     except (TypeError, ValueError):
         pass
-    raise ConfigurationError(f"{source} must be a {kind.__name__}, got {raw!r}")
+    raise ConfigurationError(f"{source} must be {_KIND_WORDS.get(kind, kind.__name__)}, "
+                             f"got {raw!r}")
+
+
+#: What a setting of each type must be, in words ("an integer", not "a int").
+_KIND_WORDS: dict[type[Any], str] = {bool: "true or false", str: "a string",
+                                     int: "an integer", float: "a number"}
+
+
+def _as_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(text)
 
 
 def redact_url(url: str) -> str:

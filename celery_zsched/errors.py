@@ -29,6 +29,11 @@ def show_value(value: Any) -> str:
         return f"<a {type(value).__name__}>"
 
 
+def got(value: Any) -> str:
+    """`` (got 'x')``, what a message ends with; empty for None, which says nothing."""
+    return "" if value is None else f" (got {show_value(value)})"
+
+
 class ZSchedError(Exception):
     """Base class of every error this package raises on purpose."""
 
@@ -36,24 +41,44 @@ class ZSchedError(Exception):
 class ValidationError(ZSchedError, ValueError):
     """A job definition or setting is invalid.
 
-    ``field`` names the offending field, ``value`` is what was given and
-    ``row`` (when the definition came from a file) is its 1-based row or line.
+    ``field`` names the offending field and ``value`` is what was given. When
+    the definition came from a file, ``row`` is the 1-based line it starts on,
+    ``job`` its 1-based position among the file's jobs and ``ref`` the id or
+    URL it gives (shortened), so a message reads ``job 4 (line 5, id 'a'):``.
+    ``line_shown`` is false for a JSON array: there the line is left out of
+    the message, since a one-line array puts every job on line 1.
     """
 
-    def __init__(self, field: str, value: Any, message: str, row: int | None = None) -> None:
+    def __init__(self, field: str, value: Any, message: str, row: int | None = None, *,
+                 job: int | None = None, ref: str | None = None,
+                 line_shown: bool = True) -> None:
         self.field = field
         self.value = value
         self.message = message
         self.row = row
+        self.job = job
+        self.ref = ref
+        self.line_shown = line_shown
         super().__init__(str(self))
 
-    def at_row(self, row: int) -> ValidationError:
-        """Return a copy of this error attributed to ``row``."""
-        return type(self)(self.field, self.value, self.message, row)
+    def at_row(self, row: int, *, job: int | None = None, ref: str | None = None,
+               line_shown: bool = True) -> ValidationError:
+        """Return a copy of this error attributed to line ``row`` (and to the file's ``job``)."""
+        return type(self)(self.field, self.value, self.message, row, job=job, ref=ref,
+                          line_shown=line_shown)
+
+    def where(self) -> str:
+        """``job 4 (line 5, id 'a')``, ``line 5`` or ``""``: what the message starts with."""
+        if self.job is None:
+            return f"line {self.row}" if self.row is not None else ""
+        parts = [f"line {self.row}"] if self.line_shown and self.row is not None else []
+        if self.ref:
+            parts.append(self.ref)
+        return f"job {self.job} ({', '.join(parts)})" if parts else f"job {self.job}"
 
     def __str__(self) -> str:
-        where = f"row {self.row}: " if self.row is not None else ""
-        return f"{where}{self.field}: {self.message} (got {show_value(self.value)})"
+        where = self.where()
+        return f"{where + ': ' if where else ''}{self.field}: {self.message}{got(self.value)}"
 
 
 class FileError(ValidationError):
@@ -66,7 +91,7 @@ class FileError(ValidationError):
     """
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.message} (got {show_value(self.value)})"
+        return f"{self.field}: {self.message}{got(self.value)}"
 
 
 class ImportValidationError(ZSchedError):
@@ -76,7 +101,7 @@ class ImportValidationError(ZSchedError):
         self.errors = list(errors)
         lines = "\n".join(f"  {e}" for e in self.errors[:50])
         more = f"\n  ... and {len(self.errors) - 50} more" if len(self.errors) > 50 else ""
-        super().__init__(f"{len(self.errors)} invalid row(s), nothing was written:\n{lines}{more}")
+        super().__init__(f"{len(self.errors)} invalid job(s), nothing was written:\n{lines}{more}")
 
 
 class ConfigurationError(ZSchedError):
@@ -94,13 +119,38 @@ class StoreUnavailable(ZSchedError):
     """Redis could not be reached; the operation did not happen and can be retried."""
 
 
+class LayoutMismatch(StoreUnavailable):
+    """The store's partition count is not ``zsched_partitions`` (or it is being changed).
+
+    A process that sees it touches nothing: it waits and retries like for an
+    outage, logging this message, until its settings or the store agree.
+    """
+
+
+#: Errors that mean "not now": the server is down, loading, failing over, or
+#: (Cluster) its slots are moving. Nothing was applied; the call can be retried.
+_UNAVAILABLE = (
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError, redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException, redis.exceptions.TryAgainError,
+)
+#: Error codes redis-py has no class for that mean the same: a master that may
+#: not write now (``min-replicas-to-write`` unmet). A script fails on its first
+#: write with it, before anything is applied.
+_NOT_NOW_CODES = ("NOREPLICAS",)
+
+
 @contextlib.contextmanager
 def redis_unavailable() -> Iterator[None]:
     """Turn Redis connection failures into :class:`StoreUnavailable` (the one translation)."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except _UNAVAILABLE as exc:
         raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        if str(exc).startswith(_NOT_NOW_CODES):
+            raise StoreUnavailable(f"Redis refuses writes for now: {exc}") from exc
+        raise
 
 
 class BrokerUnavailable(ZSchedError):
@@ -110,9 +160,13 @@ class BrokerUnavailable(ZSchedError):
 class JobFailed(ZSchedError):
     """Raise from a task to report an error, optionally retrying after ``retry_after`` seconds.
 
-    For example an HTTP 429 with a ``Retry-After`` header.
+    For example an HTTP 429 with a ``Retry-After`` header:
+    ``raise JobFailed("HTTP 429", status=429, retry_after=120)``. With pacing on,
+    ``status`` and ``retry_after`` also slow down or close the job's domain.
     """
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None,
+                 status: int | None = None) -> None:
         self.retry_after = retry_after
+        self.status = status
         super().__init__(message)

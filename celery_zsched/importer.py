@@ -15,7 +15,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,10 +38,16 @@ _SNIPPET = 80
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One definition as read from a file; ``line`` is the 1-based line where it starts."""
+    """One definition as read from a file; ``line`` is the 1-based line where it starts.
+
+    ``line_shown`` is false for the elements of a JSON array: errors then name
+    the job by its position and id only, as the whole array may be one line.
+    It is not part of equality: two rows are equal when they hold the same job.
+    """
 
     line: int
     data: dict[str, Any]
+    line_shown: bool = field(default=True, compare=False)
 
 
 @dataclass
@@ -223,7 +229,7 @@ def _json_rows(text: str) -> Iterator[Row]:
             value, pos = _decode(decode, text, pos, line=line)
             if type(value) is not dict:
                 raise _not_an_object(value, line)
-            yield Row(line, value)
+            yield Row(line, value, False)
             pos = ws(text, pos)
             sep = text[pos:pos + 1]
             if sep == ",":
@@ -293,7 +299,8 @@ def parse_rows(rows: Iterable[Row], defaults: Defaults, *,
                skip_invalid: bool = False) -> ParseResult:
     """Validate every row as a job, and check that no id appears twice.
 
-    Each error names the field and the row's line. Unless ``skip_invalid``,
+    Each error names the field and the job: its position among the file's
+    jobs, its id or URL, and (but for a JSON array) its line. Unless ``skip_invalid``,
     any error raises :class:`ImportValidationError` carrying all of them; with
     it, the invalid rows (and later duplicates of an id) are left out and
     returned in ``errors``.
@@ -301,24 +308,46 @@ def parse_rows(rows: Iterable[Row], defaults: Defaults, *,
     from_dict = Job.from_dict
     jobs: list[Job] = []
     errors: list[ValidationError] = []
-    first_line: dict[str, int] = {}
+    # id -> (position, line or None): the first job of each id, for duplicates.
+    # Not the row itself: rows must not all stay in memory next to the jobs.
+    first_job: dict[str, tuple[int, int | None]] = {}
     with _gc_paused():
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             try:
-                job = from_dict(row.data, defaults, row=row.line)
+                job = from_dict(row.data, defaults)
             except ValidationError as exc:
-                errors.append(exc)
+                errors.append(exc.at_row(row.line, job=number, ref=_ref(row.data),
+                                         line_shown=row.line_shown))
                 continue
-            seen = first_line.get(job.id)
+            seen = first_job.get(job.id)
             if seen is not None:
+                at = f" (line {seen[1]})" if seen[1] is not None else ""
                 errors.append(ValidationError(
-                    "id", job.id, f"duplicate id, first on row {seen}", row=row.line))
+                    "id", job.id, f"duplicate id, first as job {seen[0]}{at}", row=row.line,
+                    job=number, ref=_ref(row.data), line_shown=row.line_shown))
                 continue
-            first_line[job.id] = row.line
+            first_job[job.id] = (number, row.line if row.line_shown else None)
             jobs.append(job)
     if errors and not skip_invalid:
         raise ImportValidationError(errors)
     return ParseResult(jobs, errors)
+
+
+_REF_CHARS = 60
+
+
+def _ref(data: dict[str, Any]) -> str | None:
+    """``id 'a'`` or ``url 'https://…'``: how the file names the job, if it does.
+
+    Only a string is quoted back: a bad id of another type is the error's
+    own value, shown once after "got".
+    """
+    for key in ("id", "url"):
+        value = data.get(key)
+        if isinstance(value, str) and value:
+            short = value if len(value) <= _REF_CHARS else value[:_REF_CHARS] + "..."
+            return f"{key} {short!r}"
+    return None
 
 
 def export_row(job: Job) -> dict[str, Any]:

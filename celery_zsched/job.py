@@ -19,12 +19,14 @@ from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import Settings
+from .domains import domain_of, normalise_domain
 from .errors import ValidationError, show_value
 from .timing import (
     DAY_RULES,
     UTC,
     backoff_s,
     cron_is_valid,
+    cron_mistake,
     cron_next,
     dt_to_ms,
     jitter_ms,
@@ -87,6 +89,8 @@ class Job:
     misfire_grace_s: float | None = None
     retry_max: int | None = None
     retry_base_s: float | None = None
+    #: Explicit pacing key (normalised host name); else the URL's host is used.
+    domain: str | None = None
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -192,6 +196,12 @@ class Job:
             attempt, base, settings.retry_cap_s)
         return self._clamp(now_ms + int(delay * 1000))
 
+    def pacing_domain(self, settings: Settings) -> str | None:
+        """The domain this job is paced under, or ``None`` (pacing off, or nothing to pace)."""
+        if not settings.pacing:
+            return None
+        return domain_of(self.url, self.domain, group_registrable=settings.domain_registrable)
+
     def misfire_grace_ms(self, settings: Settings) -> int:
         """Lateness beyond which a fire is skipped; 0 never skips."""
         grace = settings.misfire_grace_s if self.misfire_grace_s is None else self.misfire_grace_s
@@ -255,9 +265,22 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
         misfire_grace_s=_number(values, "misfire_grace_s", minimum=0.0),
         retry_max=_integer(values, "retry_max", 0, 1000),
         retry_base_s=_number(values, "retry_base_s", minimum=0.001),
+        domain=_domain(values),
     )
     _check_serialisable(job)
     return job
+
+
+def _domain(values: Mapping[str, Any]) -> str | None:
+    value = values.get("domain")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError("domain", value, "must be a string")
+    try:
+        return normalise_domain(value)
+    except ValueError as exc:
+        raise ValidationError("domain", value, str(exc)) from None
 
 
 def _field_name(key: Any) -> str:
@@ -408,7 +431,7 @@ def _cron_slot_after(expr: str, tz: str, ms: int, day_rule: str = "or") -> int:
 @functools.lru_cache(maxsize=4096)
 def _cron_problem(expr: str, day_rule: str = "or") -> str | None:
     if not cron_is_valid(expr):
-        return "not a valid 5-field cron expression"
+        return cron_mistake(expr) or "not a valid 5-field cron expression"
     try:
         # croniter accepts dates that never come ("0 0 31 2 *", or "0 0 31 4 1"
         # under the "and" day rule); storing one would fail mid-import, after

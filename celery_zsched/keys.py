@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "{zsched}:"
+
+
+def partition_of(job_id: str, count: int) -> int:
+    """The partition that holds ``job_id`` in a store of ``count`` partitions.
+
+    CRC-32 of the UTF-8 id: stable across processes, Python versions and
+    languages (``hash()`` is salted per process), and cheap.
+    """
+    return zlib.crc32(job_id.encode("utf-8")) % count if count > 1 else 0
 
 
 @dataclass(frozen=True)
@@ -23,6 +33,37 @@ class Keys:
         if "{" not in prefix or "}" not in prefix:
             prefix = "{" + prefix.rstrip(":") + "}:"
         return cls(prefix)
+
+    def partition(self, index: int, count: int) -> Keys:
+        """The keys of partition ``index`` of ``count``, under this (base) prefix.
+
+        One partition keeps the base prefix itself, so a store made before
+        partitions existed is the one-partition store. With more, partition
+        ``i`` of ``{zsched}:`` is ``{zsched:i}:``: its own hash tag, its own
+        Redis Cluster slot.
+        """
+        if count <= 1:
+            return self
+        head, _, tail = self.prefix.partition("}")
+        return Keys(f"{head}:{index}}}{tail}")
+
+    def partitions(self, count: int) -> list[Keys]:
+        """The keys of every partition of a ``count``-partition store."""
+        return [self.partition(i, count) for i in range(max(1, count))]
+
+    @property
+    def layout(self) -> str:
+        """String: the store's partition count, on the base prefix (absent: 1).
+
+        ``repartition`` writes it; every process checks its own
+        ``zsched_partitions`` against it before it touches a job.
+        """
+        return self._k("layout")
+
+    @property
+    def beats(self) -> str:
+        """Sorted set, on the base prefix: beat name -> its last announcement (ms)."""
+        return self._k("beats")
 
     def _k(self, name: str) -> str:
         return self.prefix + name
@@ -87,10 +128,20 @@ class Keys:
         """String: id of the last settle event copied into the Django run history."""
         return self._k("drain_cursor")
 
+    @property
+    def domains(self) -> str:
+        """Hash: domain -> its learned pacing state (cjson; see ``_prelude.lua``)."""
+        return self._k("domains")
+
+    @property
+    def domain_conf(self) -> str:
+        """Hash: domain -> the operator's overrides (JSON: delay ms, cap, adaptive)."""
+        return self._k("domain_conf")
+
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
             self.defs, self.schedule, self.queued, self.leases, self.state, self.paused,
             self.dead, self.static, self.events, self.counters, self.drain_cursor,
-            self.workers,
+            self.workers, self.domains, self.domain_conf,
         ]

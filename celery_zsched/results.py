@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,24 @@ class ClaimBatch:
     jobs: list[Claimed]
     #: Occurrences that may still be queued before backpressure holds jobs back.
     room: int = 1
+    #: Due jobs pacing held back (moved to their domain's next free slot).
+    held: int = 0
+
+    @property
+    def taken(self) -> int:
+        """Due jobs this claim dealt with: claimed or held back."""
+        return len(self.jobs) + self.held
+
+
+def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
+    """One batch from the claims of several partitions: their jobs, the earliest
+    next due time and deadline, and the room left in all of them."""
+    parts = list(batches)
+    dues = [b.next_due_ms for b in parts if b.next_due_ms is not None]
+    leases = [b.next_lease_ms for b in parts if b.next_lease_ms is not None]
+    return ClaimBatch(max((b.now_ms for b in parts), default=0), min(dues, default=None),
+                      min(leases, default=None), [j for b in parts for j in b.jobs],
+                      sum(b.room for b in parts), sum(b.held for b in parts))
 
 
 @dataclass(frozen=True)
@@ -98,7 +117,10 @@ class StartResult:
     ``expired`` means the message waited longer than the job's ``expires_s``
     (on Redis' clock); ``duplicate`` that the occurrence is running or settled
     already; ``stale`` that it is not the job's current occurrence; ``gone``
-    that the job and its state no longer exist.
+    that the job and its state no longer exist. With pacing, ``wait`` means
+    the domain's gate opens in ``until_ms`` ms (start again then), and
+    ``deferred`` that the occurrence went back to the schedule, due at
+    ``until_ms``, because the gate stays closed longer than a worker waits.
     """
 
     status: str
@@ -106,6 +128,7 @@ class StartResult:
     due_ms: int | None = None
     promoted_ms: int | None = None
     found: str = ""
+    until_ms: int | None = None
 
     @property
     def runs(self) -> bool:
@@ -128,6 +151,15 @@ class ReapResult:
     #: Entries promoted before execution leases existed, converted to queued.
     converted: int = 0
     ids: tuple[str, ...] = ()
+
+    @classmethod
+    def merge(cls, results: Iterable[ReapResult]) -> ReapResult:
+        """The sum of several partitions' reaps."""
+        parts = list(results)
+        return cls(
+            redelivered=sum(r.redelivered for r in parts), dead=sum(r.dead for r in parts),
+            lost=sum(r.lost for r in parts), held=sum(r.held for r in parts),
+            converted=sum(r.converted for r in parts), ids=tuple(i for r in parts for i in r.ids))
 
     @property
     def total(self) -> int:

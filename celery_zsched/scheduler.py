@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import os
+import socket
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -15,9 +19,12 @@ from .beat_entries import job_from_entry
 from .config import Settings, redact_url
 from .errors import BrokerUnavailable, StoreUnavailable
 from .job import Defaults
+from .metrics import BeatMetrics
 from .publish import publish_batch, routing_options
+from .results import merge_batches
 from .store import Claimed, Store
 from .telemetry import log_event
+from .visits import Visits
 
 logger = logging.getLogger("celery_zsched")
 
@@ -39,8 +46,8 @@ class ZSchedScheduler(Scheduler):
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self._static_synced = False
         self._failures = 0
-        self._next_reap_ms: int | None = 0
         self._held_back = False
+        self._announced = -math.inf
         self._queues: dict[tuple[str, str | None, str | None], str | None] = {}
         # Redis clock at the last claim, and the monotonic clock then: enough to
         # know when a lease is due without asking Redis on every tick.
@@ -57,6 +64,21 @@ class ZSchedScheduler(Scheduler):
     def store(self) -> Store:
         """The Redis store (connects on first command)."""
         return Store.from_settings(self.settings, app_timezone(self.app))
+
+    @cached_property
+    def visits(self) -> Visits:
+        """Which partitions each tick claims from (one, unless ``zsched_partitions``)."""
+        return Visits(self.store.partitions)
+
+    @cached_property
+    def metrics(self) -> BeatMetrics:
+        """Prometheus metrics (``zsched_metrics_port``); a no-op when off."""
+        return BeatMetrics.for_settings(self.settings)
+
+    @cached_property
+    def beat_name(self) -> str:
+        """This beat, as ``zsched repartition`` sees it among the live processes."""
+        return f"beat@{socket.gethostname()}:{os.getpid()}"
 
     def setup_schedule(self) -> None:
         """Import ``beat_schedule`` into the store (retried from ``tick`` if Redis is down)."""
@@ -109,43 +131,62 @@ class ZSchedScheduler(Scheduler):
         """
         started = time.perf_counter()
         try:
+            self._announce()
             if not self._static_synced and not self.sync_static():
                 return self._backoff()
             reaped = self._maybe_reap()
-            batch = self.store.claim(self.settings.batch_size)
-            published = self._publish(batch.jobs) if batch.jobs else 0
+            plan = self.visits.plan(self._redis_now(), self.settings.batch_size)
+            with self.metrics.time_claim():
+                batches = self.store.claim_parts(plan)
+            self.visits.record(plan, batches)
+            batch = merge_batches(batches.values())
+            published = 0
+            if batch.jobs:  # an idle tick publishes nothing: not a 0 s sample
+                with self.metrics.time_publish():
+                    published = self._publish(batch.jobs)
         except (StoreUnavailable, BrokerUnavailable) as exc:
             logger.warning("zsched: %s", exc)
             return self._backoff()
+        self.metrics.tick(batch.jobs, published)
         self._failures = 0
-        self._next_reap_ms = batch.next_lease_ms
         self._clock = (batch.now_ms, time.monotonic())
-        level = logging.INFO if batch.jobs or reaped else logging.DEBUG
+        level = logging.INFO if batch.jobs or batch.held or reaped else logging.DEBUG
         log_event("poll_stats", level, promoted=published, claimed=len(batch.jobs),
-                  reaped=reaped, tick_ms=round((time.perf_counter() - started) * 1000, 3))
-        if len(batch.jobs) >= self.settings.batch_size:
+                  paced=batch.held, reaped=reaped, partitions=len(plan),
+                  tick_ms=round((time.perf_counter() - started) * 1000, 3))
+        if self.visits.any_full:
             return 0.0
         cap = float(self.max_interval or 1)
-        held = batch.room <= 0 and batch.next_due_ms is not None \
-            and batch.next_due_ms <= batch.now_ms
+        held = self.visits.held
         if held != self._held_back:
             self._held_back = held
             log_event("backpressure", logging.WARNING if held else logging.INFO, on=held,
                       bound=self.settings.queued_bound)
         if held:
             return cap
-        wake = [t for t in (batch.next_due_ms, batch.next_lease_ms) if t is not None]
-        if not wake:
+        wake = self.visits.next_wake_ms()
+        if wake is None:
             return cap
-        wait: float = (min(wake) - batch.now_ms) / 1000.0
+        wait: float = (wake - self._redis_now()) / 1000.0
         return max(0.0, min(wait, cap))
 
-    def _maybe_reap(self) -> int:
+    def _redis_now(self) -> int:
+        """The Redis clock now, estimated from the last claim and the monotonic clock."""
         redis_ms, mono = self._clock
-        estimate = redis_ms + (time.monotonic() - mono) * 1000
-        if self._next_reap_ms is None or self._next_reap_ms > estimate:
+        return int(redis_ms + (time.monotonic() - mono) * 1000)
+
+    def _announce(self) -> None:
+        """Tell ``zsched repartition`` this beat is alive (every heartbeat period)."""
+        if time.monotonic() - self._announced >= self.settings.heartbeat_s:
+            self.store.announce(self.beat_name)
+            self._announced = time.monotonic()
+
+    def _maybe_reap(self) -> int:
+        parts = self.visits.lease_due(self._redis_now())
+        if not parts:
             return 0
-        res = self.store.reap(self.settings.batch_size)
+        res = self.store.reap(self.settings.batch_size, parts=parts)
+        self.visits.reaped(parts)
         if res.total or res.converted:
             log_event("reaped", logging.WARNING, redelivered=res.redelivered, dead=res.dead,
                       lost=res.lost, converted=res.converted, ids=list(res.ids[:20]))
@@ -154,6 +195,7 @@ class ZSchedScheduler(Scheduler):
         return res.total
 
     def _backoff(self) -> float:
+        self.metrics.failure()
         self._failures += 1
         delay: float = min(MAX_BACKOFF_S, 0.5 * 2 ** min(int(self._failures), 10))
         logger.warning("zsched: unavailable (attempt %d); retrying in %.1fs",
@@ -205,4 +247,6 @@ class ZSchedScheduler(Scheduler):
     def close(self) -> None:
         super().close()
         if "store" in self.__dict__:
+            with contextlib.suppress(StoreUnavailable):
+                self.store.announce(self.beat_name, gone=True)
             self.store.client.close()

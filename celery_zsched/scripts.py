@@ -71,12 +71,12 @@ class ScriptSpec(Generic[R]):
 
 # ------------------------------------------------------------------ replies
 def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
-    now, next_due, next_deadline, room = (int(x) for x in res[:4])
+    now, next_due, next_deadline, room, held = (int(x) for x in res[:5])
     jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
                     int(res[i + 4]), int(res[i + 5]), now)
-            for i in range(4, len(res), 6)]
+            for i in range(5, len(res), 6)]
     return ClaimBatch(now, next_due if next_due >= 0 else None,
-                      next_deadline if next_deadline >= 0 else None, jobs, room)
+                      next_deadline if next_deadline >= 0 else None, jobs, room, held)
 
 
 def _start_reply(res: Sequence[Any]) -> StartResult:
@@ -85,6 +85,9 @@ def _start_reply(res: Sequence[Any]) -> StartResult:
         return StartResult(status, int(res[1]), int(res[2]), int(res[3]))
     if status == "expired":
         return StartResult(status, int(res[1]), None, int(res[2]))
+    if status in ("wait", "deferred"):
+        # wait: ms until the domain's gate opens; deferred: the time it went back to.
+        return StartResult(status, found=str(res[1]), until_ms=int(res[1]))
     return StartResult(status, found=str(res[1]) if len(res) > 1 else "")
 
 
@@ -117,14 +120,16 @@ def _settle_reply(res: Sequence[Any]) -> tuple[str, str | None, int | None]:
 UPSERT = ScriptSpec(
     "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued"),
     args=("static",),
-    group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms"),
+    group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain"),
     reply=_counts)
 CLAIM = ScriptSpec(
-    "claim", ("schedule", "queued", "leases", "state", "defs", "counters"),
-    args=("limit", "delivery_ms", "bound"), reply=_claim_reply)
+    "claim", ("schedule", "queued", "leases", "state", "defs", "counters", "domains",
+              "domain_conf"),
+    args=("limit", "delivery_ms", "bound", "pacing"), reply=_claim_reply)
 START = ScriptSpec(
-    "start", ("state", "queued", "leases", "schedule", "counters"),
-    args=("id", "occurrence", "attempt", "lease_ms", "expires_ms"), reply=_start_reply)
+    "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf"),
+    args=("id", "occurrence", "attempt", "lease_ms", "expires_ms", "pacing", "wait_max_ms"),
+    reply=_start_reply)
 HEARTBEAT = ScriptSpec(
     "heartbeat", ("leases", "state", "workers"),
     args=("lease_ms", "worker", "queues"), group=("id", "occurrence", "attempt"), reply=_ids)
@@ -134,23 +139,28 @@ RETRYING = ScriptSpec(
     "retrying", ("leases", "queued", "state"),
     args=("id", "occurrence", "attempt", "deadline_ms"), reply=bool)
 SETTLE = ScriptSpec(
-    "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued"),
+    "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued",
+               "domains", "domain_conf"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
-          "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event"),
+          "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
+          "http_status", "retry_after_ms", "pacing"),
     reply=_settle_reply)
 REAP = ScriptSpec(
-    "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers"),
+    "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",
+             "domains"),
     args=("limit", "max_deliveries", "delivery_ms", "alive_ms"), reply=_reap_reply)
 RELEASE = ScriptSpec(
-    "release", ("queued", "schedule", "state"),
+    "release", ("queued", "schedule", "state", "domains"),
     group=("id", "occurrence", "attempt"), reply=int)
 CONTROL = ScriptSpec(
     "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued"),
     args=("operation",), group=("id", "due_ms"), reply=_control_reply)
+DOMAIN = ScriptSpec(
+    "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RELEASE,
-                 CONTROL)
+                 CONTROL, DOMAIN)
 }

@@ -59,6 +59,12 @@ class RuntimeState:
         "g", "signature of the timing the schedule was computed from"))
     queue: str | None = field(default=None, metadata=_wire(
         "q", "the queue beat routed the published message to"))
+    domain: str | None = field(default=None, metadata=_wire(
+        "dm", "the domain the job is paced under (pacing on, and it has one)"))
+    flight_domain: str | None = field(default=None, metadata=_wire(
+        "fd", "the domain whose in-flight count this occurrence holds, until it lands"))
+    reserved_ms: int | None = field(default=None, metadata=_wire(
+        "rv", "the domain slot pacing held the job back to (its due time while it waits)"))
 
     @classmethod
     def from_wire(cls, raw: str | bytes | Mapping[str, Any] | None) -> RuntimeState:

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import heapq
 import json
+import math
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from . import scripts
 from .config import Settings
-from .errors import JobNotFound, redis_unavailable
+from .connection import is_cluster, redis_client
+from .domains import DomainInfo, domain_sort_key, info_from, normalise_domain
+from .errors import JobNotFound, LayoutMismatch, redis_unavailable
 from .job import Defaults, Job
-from .keys import Keys
+from .keys import Keys, partition_of
 from .results import (
     TASK_ID_NAMESPACE,
     ClaimBatch,
@@ -27,6 +34,7 @@ from .results import (
     ReapResult,
     SettleResult,
     StartResult,
+    merge_batches,
     task_id_for,
 )
 from .scripts import ScriptSpec
@@ -40,17 +48,31 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 #: Status label of a settle that does not retry.
 _LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
+#: Longest a worker sits out a closed domain gate at start before it hands the
+#: occurrence back to the schedule instead (a prefork slot waits meanwhile).
+START_WAIT_MAX_S = 2.0
 
 
 def _unavailable(fn: Callable[P, R]) -> Callable[P, R]:
+    """A store operation: Redis errors become ``StoreUnavailable``, and the
+    store's partition layout is checked against the settings before the first one."""
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         with redis_unavailable():
+            store = args[0]
+            assert isinstance(store, Store)
+            if not store.layout_checked:
+                store.check_layout()
             return fn(*args, **kwargs)
     return wrapper
+
+
+#: A script call for :meth:`Store._run`: spec, partition keys, rows, named args.
+Call = tuple["ScriptSpec[Any]", Keys, Sequence[Sequence[Any]], Mapping[str, Any]]
 
 
 def _time_ms(reply: Sequence[Any]) -> int:
@@ -73,6 +95,11 @@ def _stream_order(stream_id: str) -> tuple[int, int]:
     return int(ms or 0), int(seq or 0)
 
 
+def _first(row: Sequence[Any]) -> str:
+    """The job id of a script row (always its first value)."""
+    return str(row[0])
+
+
 def _first_score(*scores: float | None) -> int | None:
     """The first score that is set, as int ms (a job is in at most one of the sets)."""
     return next((int(x) for x in scores if x is not None), None)
@@ -84,13 +111,19 @@ class _ScriptStream:
     With at most two calls in flight, Redis executes one chunk of a bulk
     upsert while Python builds the next: the two overlap instead of taking
     turns. Replies come back in order. Clients without a single connection
-    pool (Redis Cluster) run each call synchronously instead.
+    pool run each call synchronously instead; on Redis Cluster, each partition
+    streams over the connection pool of the node that holds its slot.
     """
 
     def __init__(self, client: Any, script: Script, keys: Sequence[str]) -> None:
         self.script = script
         self.keys = list(keys)
         self.pool: Any = getattr(client, "connection_pool", None)
+        if is_cluster(client):
+            # The pool of the node that serves this partition's slot.
+            node = client.get_node_from_key(self.keys[0])
+            connection = node.redis_connection if node is not None else None
+            self.pool = connection.connection_pool if connection is not None else None
         self.conn: Any = None
         self.in_flight: list[int] = []  # row counts of the calls awaiting their reply
 
@@ -135,13 +168,22 @@ class Store:
     Every time is read from the Redis server's clock (``TIME``), never the host's.
     """
 
-    def __init__(self, client: redis.Redis, settings: Settings | None = None,
+    def __init__(self, client: Any, settings: Settings | None = None,
                  timezone: str = "UTC") -> None:
         self.client = client
         self.settings = settings or Settings()
-        self.keys = Keys.for_prefix(self.settings.key_prefix)
+        #: Keys on the base prefix (the layout record lives there).
+        self.base = Keys.for_prefix(self.settings.key_prefix)
+        #: Each partition's keys; a job lives in ``parts[partition_of(id, P)]``.
+        self.parts = self.base.partitions(self.settings.partitions)
+        #: The first partition's keys (the only ones in a one-partition store).
+        self.keys = self.parts[0]
         self.defaults = Defaults.from_settings(self.settings, timezone)
         self.rng = random.Random()
+        self.layout_checked = False
+        #: What the pacing-aware scripts read: the settings as JSON, or "" (off).
+        self.pacing = (self.settings.pacing_defaults.to_json()
+                       if self.settings.pacing else "")
         self._scripts: dict[str, Script] = {
             name: client.register_script(scripts.source(name)) for name in scripts.SCRIPTS
         }
@@ -149,10 +191,7 @@ class Store:
     @classmethod
     def from_settings(cls, settings: Settings, timezone: str = "UTC") -> Store:
         """A store on ``settings.redis_url`` (connects lazily, on first use)."""
-        client = redis.Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_connect_timeout=5,
-            socket_timeout=30, health_check_interval=30)
-        return cls(client, settings, timezone)
+        return cls(redis_client(settings), settings, timezone)
 
     # ----------------------------------------------------------------- basics
     @_unavailable
@@ -160,16 +199,112 @@ class Store:
         """The Redis server's clock, in epoch ms."""
         return _time_ms(self.client.time())
 
-    def _call(self, spec: ScriptSpec[R], rows: Iterable[Sequence[Any]] = (),
-              **args: Any) -> R:
-        """Run ``spec`` with its named ``args`` (and ``rows`` of its group); parse the reply."""
-        return spec.reply(self._queue(spec, None, rows, **args))
+    @property
+    def partitions(self) -> int:
+        """How many partitions this store has (``zsched_partitions``)."""
+        return len(self.parts)
 
-    def _queue(self, spec: ScriptSpec[Any], client: Any, rows: Iterable[Sequence[Any]] = (),
-               **args: Any) -> Any:
-        """Run ``spec`` on ``client`` (a pipeline queues it): the raw reply, unparsed."""
-        return self._scripts[spec.name](keys=spec.key_names(self.keys),
-                                        args=spec.argv(args, rows), client=client)
+    def part_of(self, job_id: str) -> Keys:
+        """The keys of the partition that holds ``job_id``."""
+        return self.parts[partition_of(job_id, len(self.parts))]
+
+    def group(self, items: Iterable[T], id_of: Callable[[T], str] = str
+              ) -> dict[int, list[T]]:
+        """``items`` by the partition index of their job id (``id_of(item)``), in
+        their given order within each."""
+        out: dict[int, list[T]] = defaultdict(list)
+        for item in items:
+            out[partition_of(id_of(item), len(self.parts))].append(item)
+        return out
+
+    def check_layout(self) -> None:
+        """Raise :class:`LayoutMismatch` unless the store has ``zsched_partitions`` partitions.
+
+        A store without a layout record has one partition, unless it is empty:
+        a fresh store takes the configured count (recorded on first check).
+        """
+        configured = len(self.parts)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.base.layout)
+        pipe.hlen(self.base.defs)
+        recorded, base_jobs = pipe.execute()
+        if recorded is None:
+            if configured == 1:
+                self.layout_checked = True
+                return
+            if base_jobs:
+                recorded = "1"
+            else:
+                self.client.set(self.base.layout, str(configured), nx=True)
+                recorded = self.client.get(self.base.layout) or str(configured)
+        recorded = str(recorded)
+        if recorded.startswith("moving:"):
+            _, old, new = recorded.split(":")
+            raise LayoutMismatch(
+                f"the store under {self.base.prefix} is being repartitioned from {old} to "
+                f"{new} partitions (zsched repartition); waiting for it to finish")
+        if int(recorded) != configured:
+            raise LayoutMismatch(
+                f"the store under {self.base.prefix} has {recorded} partitions but "
+                f"zsched_partitions is {configured}: set zsched_partitions={recorded}, "
+                f"or run `zsched repartition --to {configured}` with beat and workers stopped")
+        self.layout_checked = True
+
+    def _call(self, spec: ScriptSpec[R], keys: Keys, rows: Iterable[Sequence[Any]] = (),
+              **args: Any) -> R:
+        """Run ``spec`` on partition ``keys`` with its named ``args`` (and ``rows``); parse it."""
+        return spec.reply(self._scripts[spec.name](keys=spec.key_names(keys),
+                                                   args=spec.argv(args, rows)))
+
+    def _run(self, calls: Sequence[Call]) -> list[Any]:
+        """Run several script calls in one pipeline (one round trip per Redis node).
+
+        EVALSHA straight into the pipeline: no SCRIPT EXISTS round trip first.
+        A node that does not know a script yet (a fresh or promoted one) answers
+        NOSCRIPT without running it, so just those calls are run again, loading it.
+        Replies are raw, in the order of ``calls``.
+        """
+        if len(calls) == 1:
+            spec, keys, rows, args = calls[0]
+            return [self._scripts[spec.name](keys=spec.key_names(keys),
+                                             args=spec.argv(args, rows))]
+        pipe = self.client.pipeline(transaction=False)
+        cluster = is_cluster(self.client)
+        for spec, keys, rows, args in calls:
+            names = spec.key_names(keys)
+            # execute_command, not pipe.evalsha(): redis-py's ClusterPipeline blocks
+            # the evalsha method. On a Cluster, name the node of the partition's
+            # slot: left to find the keys itself, the pipeline asks a node
+            # COMMAND GETKEYS for every script call first, one round trip each.
+            # (A MOVED reply after a failover is still followed.)
+            options = {"target_nodes": self.client.get_node_from_key(names[0])} if cluster else {}
+            pipe.execute_command("EVALSHA", self._scripts[spec.name].sha, len(names), *names,
+                                 *spec.argv(args, rows), **options)
+        replies = pipe.execute(raise_on_error=False)
+        out = []
+        for (spec, keys, rows, args), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                reply = self._scripts[spec.name](keys=spec.key_names(keys),
+                                                 args=spec.argv(args, rows))
+            elif isinstance(reply, Exception):
+                raise reply
+            out.append(reply)
+        return out
+
+    def _pipeline_each(self, commands: Callable[[Any, Keys], None]) -> list[list[Any]]:
+        """Queue ``commands(pipe, keys)`` for every partition; the replies, per partition."""
+        pipe = self.client.pipeline(transaction=False)
+        sizes = []
+        for keys in self.parts:
+            before = len(pipe)
+            commands(pipe, keys)
+            sizes.append(len(pipe) - before)
+        replies = pipe.execute()
+        out, at = [], 0
+        for size in sizes:
+            out.append(replies[at:at + size])
+            at += size
+        return out
 
     # ----------------------------------------------------------------- writes
     def upsert(self, job: Job, *, static: bool = False) -> ImportReport:
@@ -195,12 +330,20 @@ class Store:
         started = time.perf_counter()
         now = self.now_ms()
         report = ImportReport(total=total)
-        chunk: list[tuple[str, ...]] = []
+        chunks: dict[int, list[tuple[str, ...]]] = defaultdict(list)
         flag = {"static": "1" if static else "0"}
         done = 0
         upsert = scripts.UPSERT
-        with _ScriptStream(self.client, self._scripts[upsert.name],
-                           upsert.key_names(self.keys)) as stream:
+        with contextlib.ExitStack() as stack:
+            streams: dict[int, _ScriptStream] = {}
+
+            def send(part: int, rows: list[tuple[str, ...]]) -> list[tuple[int, Any]]:
+                if part not in streams:
+                    streams[part] = stack.enter_context(_ScriptStream(
+                        self.client, self._scripts[upsert.name],
+                        upsert.key_names(self.parts[part])))
+                return streams[part].call(upsert.argv(flag, rows), len(rows))
+
             for index, job in enumerate(jobs):
                 phase = index / total if stagger and total else 0.0
                 gap = ""
@@ -209,15 +352,20 @@ class Store:
                 else:
                     due = job.first_due_ms(now, self.settings, self.rng, phase)
                     gap = self._gap_after_last_run(job)
+                part = partition_of(job.id, len(self.parts))
+                chunk = chunks[part]
                 chunk.append((job.id, job.to_json(), "" if due is None else str(due),
-                              "1" if job.enabled else "0", job.timing_signature, gap))
+                              "1" if job.enabled else "0", job.timing_signature, gap,
+                              job.pacing_domain(self.settings) or ""))
                 if len(chunk) >= self.settings.import_chunk:
                     # Redis runs this chunk while the loop builds the next one.
-                    for rows, result in stream.call(upsert.argv(flag, chunk), len(chunk)):
+                    for rows, result in send(part, chunk):
                         done = self._tally(upsert.reply(result), report, done + rows, progress)
-                    chunk = []
-            replies = stream.call(upsert.argv(flag, chunk), len(chunk)) if chunk else []
-            for rows, result in replies + stream.drain():
+                    chunks[part] = []
+            replies = [reply for part, chunk in chunks.items() if chunk
+                       for reply in send(part, chunk)]
+            replies += [reply for stream in streams.values() for reply in stream.drain()]
+            for rows, result in replies:
                 done = self._tally(upsert.reply(result), report, done + rows, None)
         if progress:
             progress(done)
@@ -250,17 +398,19 @@ class Store:
     @_unavailable
     def static_ids(self) -> set[str]:
         """Ids of the jobs that came from ``beat_schedule``."""
-        return {str(m) for m in self.client.smembers(self.keys.static)}
+        replies = self._pipeline_each(lambda pipe, keys: pipe.smembers(keys.static))
+        return {str(m) for (members,) in replies for m in members}
 
     def _control(self, op: str, ids: Sequence[str],
                  dues: Sequence[int | str] | None = None) -> int:
-        rows = [(job_id, dues[i] if dues else 0) for i, job_id in enumerate(ids)]
-        changed, missing = 0, []
-        pipe = self.client.pipeline(transaction=False)
+        by_part = self.group([(job_id, dues[i] if dues else 0) for i, job_id in enumerate(ids)],
+                             _first)
         size = self.settings.import_chunk
-        for start in range(0, max(1, len(rows)), size):
-            self._queue(scripts.CONTROL, pipe, rows[start:start + size], operation=op)
-        for result in pipe.execute():
+        calls: list[Call] = [
+            (scripts.CONTROL, self.parts[part], rows[start:start + size], {"operation": op})
+            for part, rows in by_part.items() for start in range(0, len(rows), size)]
+        changed, missing = 0, []
+        for result in self._run(calls) if calls else []:
             count, not_found = scripts.CONTROL.reply(result)
             changed += count
             missing += not_found
@@ -312,6 +462,19 @@ class Store:
         """Zero failure counters; a dead-lettered job is brought back as due now."""
         return self._control("reset", ids)
 
+    @_unavailable
+    def requeue_dead(self, *ids: str) -> int:
+        """Dead letters: unpaused and due now, counters reset (see :mod:`.dead`).
+
+        Ids that are not dead letters (any more) are left alone and not counted.
+        """
+        return self._control("requeue", ids)
+
+    @_unavailable
+    def purge_dead(self, *ids: str) -> int:
+        """Dead letters: dropped from the dead set; the jobs are kept, paused."""
+        return self._control("purge", ids)
+
     # ------------------------------------------------------------------ reads
     @_unavailable
     def get(self, job_id: str) -> JobInfo:
@@ -326,35 +489,47 @@ class Store:
         """Many jobs in one round trip of six commands, ``None`` for ids that do not exist."""
         if not ids:
             return []
-        ids = list(ids)
-        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at six commands however
-        # many ids a page or a bulk action asks for.
+        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at six commands per
+        # partition however many ids a page or a bulk action asks for, all in
+        # one pipeline (on a Cluster, one round trip per node, in parallel).
+        groups = self.group(ids)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.defs, ids)
-        pipe.hmget(self.keys.state, ids)
-        pipe.zmscore(self.keys.schedule, ids)
-        pipe.zmscore(self.keys.leases, ids)
-        pipe.zmscore(self.keys.queued, ids)
-        pipe.smismember(self.keys.paused, ids)
-        defs, states, dues, leases, queued, paused = pipe.execute()
-        out: list[JobInfo | None] = []
-        for i, raw in enumerate(defs):
-            if raw is None:
-                out.append(None)
-                continue
-            state = RuntimeState.from_wire(states[i])
-            out.append(JobInfo(
-                job=_as_paused(Job.from_json(raw), bool(paused[i])),
-                status=state.status,
-                due_ms=int(dues[i]) if dues[i] is not None else None,
-                lease_until_ms=_first_score(leases[i], queued[i]),
-                paused=bool(paused[i]), state=state))
-        return out
+        for part, members in groups.items():
+            keys = self.parts[part]
+            pipe.hmget(keys.defs, members)
+            pipe.hmget(keys.state, members)
+            pipe.zmscore(keys.schedule, members)
+            pipe.zmscore(keys.leases, members)
+            pipe.zmscore(keys.queued, members)
+            pipe.smismember(keys.paused, members)
+        replies = pipe.execute()
+        found: dict[str, JobInfo] = {}
+        for n, members in enumerate(groups.values()):
+            defs, states, dues, leases, queued, paused = replies[6 * n:6 * n + 6]
+            for i, raw in enumerate(defs):
+                if raw is None:
+                    continue
+                state = RuntimeState.from_wire(states[i])
+                found[members[i]] = JobInfo(
+                    job=_as_paused(Job.from_json(raw), bool(paused[i])),
+                    status=state.status,
+                    due_ms=int(dues[i]) if dues[i] is not None else None,
+                    lease_until_ms=_first_score(leases[i], queued[i]),
+                    paused=bool(paused[i]), state=state)
+        return [found.get(job_id) for job_id in ids]
 
     @_unavailable
     def list_jobs(self, offset: int = 0, limit: int = 50) -> list[JobInfo]:
-        """Scheduled jobs ordered by due time, one page."""
-        ids = [str(i) for i in self.client.zrange(self.keys.schedule, offset, offset + limit - 1)]
+        """Scheduled jobs ordered by due time, one page.
+
+        With partitions, each one's first ``offset + limit`` are merged: a deep
+        page costs that many entries per partition.
+        """
+        end = offset + limit - 1
+        replies = self._pipeline_each(
+            lambda pipe, keys: pipe.zrange(keys.schedule, 0, end, withscores=True))
+        merged = heapq.merge(*(rows for (rows,) in replies), key=lambda row: (row[1], row[0]))
+        ids = [str(job_id) for job_id, _ in list(merged)[offset:offset + limit]]
         return [info for info in self.get_many(ids) if info is not None]
 
     def iter_jobs(self, count: int = 1000) -> Iterator[Job]:
@@ -366,69 +541,183 @@ class Store:
         """
         # HSCAN may return an entry twice while the hash is rehashing; ids are
         # remembered so every job is yielded once (an id costs far less than a job).
-        seen: set[str] = set()
-        cursor = 0
         # A generator runs after the decorator returned, so it guards itself.
         with redis_unavailable():
-            while True:
-                cursor, page = self.client.hscan(self.keys.defs, cursor, count=count)
-                assert isinstance(page, dict)  # HSCAN replies pairs; redis-py makes a dict
-                fresh = [(str(job_id), raw) for job_id, raw in page.items()
-                         if job_id not in seen]
-                if fresh:
-                    flags = self.client.smismember(self.keys.paused, [i for i, _ in fresh])
-                    for (job_id, raw), paused in zip(fresh, flags, strict=True):
-                        seen.add(job_id)
-                        yield _as_paused(Job.from_json(raw), bool(paused))
-                if not cursor:
-                    return
+            if not self.layout_checked:
+                self.check_layout()
+            for keys in self.parts:
+                seen: set[str] = set()
+                cursor = 0
+                while True:
+                    cursor, page = self.client.hscan(keys.defs, cursor, count=count)
+                    assert isinstance(page, dict)  # HSCAN replies pairs; redis-py makes a dict
+                    fresh = [(str(job_id), raw) for job_id, raw in page.items()
+                             if job_id not in seen]
+                    if fresh:
+                        flags = self.client.smismember(keys.paused, [i for i, _ in fresh])
+                        for (job_id, raw), paused in zip(fresh, flags, strict=True):
+                            seen.add(job_id)
+                            yield _as_paused(Job.from_json(raw), bool(paused))
+                    if not cursor:
+                        break
 
     @_unavailable
     def peek_next_due(self) -> int | None:
-        """Due time of the earliest scheduled job."""
-        first = self.client.zrange(self.keys.schedule, 0, 0, withscores=True)
-        return int(first[0][1]) if first else None
+        """Due time of the earliest scheduled job (of any partition)."""
+        replies = self._pipeline_each(
+            lambda pipe, keys: pipe.zrange(keys.schedule, 0, 0, withscores=True))
+        return min((int(first[0][1]) for (first,) in replies if first), default=None)
 
     @_unavailable
     def stats(self) -> dict[str, int]:
         """Counts by state, jobs due soon, and lifetime counters."""
         now = self.now_ms()
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hlen(self.keys.defs)
-        pipe.zcard(self.keys.schedule)
-        pipe.zcard(self.keys.queued)
-        pipe.zcard(self.keys.leases)
-        pipe.scard(self.keys.paused)
-        pipe.zcard(self.keys.dead)
-        pipe.zcount(self.keys.schedule, "-inf", now)
-        pipe.zcount(self.keys.schedule, "-inf", now + 60_000)
-        pipe.zcount(self.keys.schedule, "-inf", now + 3_600_000)
-        pipe.hgetall(self.keys.counters)
-        (jobs, scheduled, queued, running, paused, dead, due, minute, hour,
-         counters) = pipe.execute()
-        out = {"jobs": jobs, "scheduled": scheduled, "in_flight": queued + running,
-               "queued": queued, "running": running, "paused": paused,
-               "dead": dead, "due_now": due, "due_next_minute": minute, "due_next_hour": hour}
-        out.update({f"total_{k}": int(v) for k, v in counters.items()})
+
+        def commands(pipe: Any, keys: Keys) -> None:
+            pipe.hlen(keys.defs)
+            pipe.zcard(keys.schedule)
+            pipe.zcard(keys.queued)
+            pipe.zcard(keys.leases)
+            pipe.scard(keys.paused)
+            pipe.zcard(keys.dead)
+            pipe.zcount(keys.schedule, "-inf", now)
+            pipe.zcount(keys.schedule, "-inf", now + 60_000)
+            pipe.zcount(keys.schedule, "-inf", now + 3_600_000)
+            pipe.hgetall(keys.counters)
+
+        names = ("jobs", "scheduled", "queued", "running", "paused", "dead", "due_now",
+                 "due_next_minute", "due_next_hour")
+        counts = dict.fromkeys(names, 0)
+        totals: dict[str, int] = defaultdict(int)
+        for reply in self._pipeline_each(commands):
+            for name, value in zip(names, reply[:-1], strict=True):
+                counts[name] += int(value)
+            for k, v in reply[-1].items():
+                totals[f"total_{k}"] += int(v)
+        out = {"jobs": counts["jobs"], "scheduled": counts["scheduled"],
+               "in_flight": counts["queued"] + counts["running"], **counts, **totals}
+        if len(self.parts) > 1:
+            out["partitions"] = len(self.parts)
+        if self.settings.pacing:
+            alerts = self.domain_alerts()
+            out["domains_throttled"] = len(alerts["throttled"])
+            out["breakers_open"] = len(alerts["breakers_open"])
         return out
 
+    # ---------------------------------------------------------------- domains
+    @_unavailable
+    def domains(self) -> list[DomainInfo]:
+        """Every domain with learned state or an override, sorted by name."""
+        keys = self.keys
+        state = dict(self.client.hscan_iter(keys.domains))
+        conf = dict(self.client.hscan_iter(keys.domain_conf))
+        now = self.now_ms()
+        defaults = self.settings.pacing_defaults
+        return [info_from(name, state.get(name), conf.get(name), defaults, now)
+                for name in sorted(set(state) | set(conf), key=domain_sort_key)]
+
+    @_unavailable
+    def domain(self, name: str) -> DomainInfo:
+        """One domain's pacing (the defaults for a domain never seen)."""
+        name = normalise_domain(name)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.domains, name)
+        pipe.hget(self.keys.domain_conf, name)
+        pipe.time()
+        state, conf, now = pipe.execute()
+        return info_from(name, state, conf, self.settings.pacing_defaults, _time_ms(now))
+
+    @_unavailable
+    def set_domain(self, name: str, *, delay_s: float | None = None,
+                   max_in_flight: int | None = None,
+                   adaptive: bool | None = None) -> DomainInfo:
+        """Override a domain's delay, cap or adaptivity (``None`` leaves one as it is)."""
+        name = normalise_domain(name)
+        changes: dict[str, Any] = {}
+        if delay_s is not None:
+            if not math.isfinite(delay_s) or delay_s < 0:
+                raise ValueError(f"delay must be a number of seconds >= 0, got {delay_s!r}")
+            changes["delay"] = round(delay_s * 1000)
+        if max_in_flight is not None:
+            if max_in_flight < 0:
+                raise ValueError(f"max_in_flight must be >= 0 (0: no cap), got {max_in_flight!r}")
+            changes["cap"] = int(max_in_flight)
+        if adaptive is not None:
+            changes["adaptive"] = bool(adaptive)
+        if changes:
+            self._call(scripts.DOMAIN, self.keys, operation="set", domain=name,
+                       changes=json.dumps(changes))
+        return self.domain(name)
+
+    @_unavailable
+    def reset_domain(self, name: str) -> bool:
+        """Back to the defaults: drop the overrides and what was learned (in-flight
+        accounting stays). ``False`` when the domain was not known."""
+        return bool(self._call(scripts.DOMAIN, self.keys, operation="reset",
+                               domain=normalise_domain(name), changes=""))
+
+    def refresh_domains(self, progress: Callable[[int], None] | None = None) -> int:
+        """Store every job again so its state names the domain it is paced under.
+
+        A job learns its domain when it is stored; run this after turning
+        ``zsched_pacing`` on (or changing ``zsched_domain_registrable``) for
+        jobs stored before. Schedules do not move (re-storing is idempotent).
+        """
+        report = self.upsert_many(self.iter_jobs(), stagger=False, total=0, progress=progress)
+        return report.created + report.updated
+
+    def domain_alerts(self) -> dict[str, list[str]]:
+        """The domains slower than configured, and those whose breaker is not closed."""
+        infos = self.domains()
+        return {"throttled": [d.name for d in infos if d.throttled],
+                "breakers_open": [d.name for d in infos if d.breaker != "closed"]}
+
     # ------------------------------------------------------------- hot path
+    @property
+    def partition_bound(self) -> int:
+        """The backpressure bound of one partition: its share of ``queued_bound``."""
+        return math.ceil(self.settings.queued_bound / len(self.parts))
+
     @_unavailable
     def claim(self, limit: int | None = None) -> ClaimBatch:
         """Atomically take up to ``limit`` due jobs and mark them queued (one round trip).
 
-        Fewer are taken when the backpressure bound (``queued_bound``) is near.
+        Every partition gets an equal share of ``limit``. Fewer are taken when
+        the backpressure bound (``queued_bound``) is near.
         """
-        return self._call(scripts.CLAIM, limit=limit or self.settings.batch_size,
-                          delivery_ms=int(self.settings.delivery_timeout_s * 1000),
-                          bound=self.settings.queued_bound)
+        limit = limit or self.settings.batch_size
+        share, extra = divmod(limit, len(self.parts))
+        plan = {i: share + (i < extra) for i in range(len(self.parts))}
+        return merge_batches(self.claim_parts({i: n for i, n in plan.items() if n}).values())
+
+    @_unavailable
+    def claim_parts(self, plan: Mapping[int, int]) -> dict[int, ClaimBatch]:
+        """Claim up to ``plan[i]`` due jobs from each partition ``i``, in one pipeline.
+
+        Each claim is one atomic script on one partition, so every occurrence
+        is claimed once however many beats claim at the same time.
+        """
+        args = {"delivery_ms": int(self.settings.delivery_timeout_s * 1000),
+                "bound": self.partition_bound, "pacing": self.pacing}
+        calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
+                             for i, n in plan.items()]
+        return {i: scripts.CLAIM.reply(reply)
+                for i, reply in zip(plan, self._run(calls), strict=True)}
+
+    def _by_job(self, spec: ScriptSpec[Any], rows: Sequence[Sequence[Any]],
+                **args: Any) -> list[Any]:
+        """Run ``spec`` once per partition over the ``rows`` (id first) it holds."""
+        calls: list[Call] = [(spec, self.parts[i], part_rows, args)
+                             for i, part_rows in self.group(rows, _first).items()]
+        return [spec.reply(reply) for reply in self._run(calls)] if calls else []
 
     @_unavailable
     def release(self, claimed: Sequence[Claimed]) -> int:
         """Return claimed-but-unpublished jobs to the schedule without counting a publish."""
         if not claimed:
             return 0
-        return self._call(scripts.RELEASE, [(c.job.id, c.occurrence, c.attempt) for c in claimed])
+        return sum(self._by_job(scripts.RELEASE,
+                                [(c.job.id, c.occurrence, c.attempt) for c in claimed]))
 
     @_unavailable
     def start(self, job_id: str, occurrence: int, attempt: int,
@@ -438,9 +727,11 @@ class Store:
         Only one delivery of an occurrence and attempt gets ``runs``; the worker
         must keep the lease alive with :meth:`heartbeat` while the task runs.
         """
-        return self._call(scripts.START, id=job_id, occurrence=occurrence, attempt=attempt,
+        return self._call(scripts.START, self.part_of(job_id), id=job_id,
+                          occurrence=occurrence, attempt=attempt,
                           lease_ms=int(self.settings.lease_s * 1000),
-                          expires_ms="" if expires_ms is None else expires_ms)
+                          expires_ms="" if expires_ms is None else expires_ms,
+                          pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
 
     @_unavailable
     def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "",
@@ -451,17 +742,35 @@ class Store:
         alive. Returns the ids that are no longer running (settled, reaped or
         superseded): stop beating for them.
         """
-        return self._call(scripts.HEARTBEAT, running,
-                          lease_ms=int(self.settings.lease_s * 1000), worker=worker,
-                          queues=" ".join(queues))
+        # Every partition hears the worker: each one's reaper asks its own
+        # ``workers`` set whether a queue is consumed.
+        by_part = self.group(running, _first)
+        args = {"lease_ms": int(self.settings.lease_s * 1000), "worker": worker,
+                "queues": " ".join(queues)}
+        parts = range(len(self.parts)) if worker else list(by_part)
+        calls: list[Call] = [(scripts.HEARTBEAT, self.parts[i], by_part.get(i, []), args)
+                             for i in parts]
+        return [job_id for reply in (self._run(calls) if calls else [])
+                for job_id in scripts.HEARTBEAT.reply(reply)]
 
     @_unavailable
     def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:
         """Record the queue each published occurrence went to (for the reaper)."""
         if not published:
             return 0
-        return self._call(scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, queue)
-                                           for c, queue in published])
+        return sum(self._by_job(scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, queue)
+                                                 for c, queue in published]))
+
+    def announce(self, beat: str, *, gone: bool = False) -> None:
+        """Record ``beat`` as alive (or, ``gone``, as stopped) for ``zsched repartition``.
+
+        No layout check first: a beat must be seen even while it waits for one.
+        """
+        with redis_unavailable():
+            if gone:
+                self.client.zrem(self.base.beats, beat)
+            else:
+                self.client.zadd(self.base.beats, {beat: _time_ms(self.client.time())})
 
     @_unavailable
     def forget_worker(self, worker: str) -> None:
@@ -470,7 +779,7 @@ class Store:
         Its queues stay until they age out: another worker may consume them, and
         holding a message back a little longer is the safe mistake.
         """
-        self.client.zrem(self.keys.workers, worker)
+        self._pipeline_each(lambda pipe, keys: pipe.zrem(keys.workers, worker))
 
     @_unavailable
     def retrying(self, job_id: str, occurrence: int, attempt: int, countdown_s: float) -> bool:
@@ -480,35 +789,43 @@ class Store:
         deadline of ``countdown_s`` plus ``delivery_timeout_s``.
         """
         deadline = int((countdown_s + self.settings.delivery_timeout_s) * 1000)
-        return self._call(scripts.RETRYING, id=job_id, occurrence=occurrence, attempt=attempt,
+        return self._call(scripts.RETRYING, self.part_of(job_id), id=job_id,
+                          occurrence=occurrence, attempt=attempt,
                           deadline_ms=deadline)
 
     @_unavailable
-    def reap(self, limit: int | None = None, max_deliveries: int | None = None) -> ReapResult:
-        """Redeliver crashed executions and lost messages; hold back ones that only wait."""
-        return self._call(scripts.REAP, limit=limit or self.settings.batch_size,
-                          max_deliveries=max_deliveries or self.settings.max_deliveries,
-                          delivery_ms=int(self.settings.delivery_timeout_s * 1000),
-                          # Three missed heartbeats and a worker is presumed gone.
-                          alive_ms=int(self.settings.heartbeat_s * 3000))
+    def reap(self, limit: int | None = None, max_deliveries: int | None = None,
+             parts: Iterable[int] | None = None) -> ReapResult:
+        """Redeliver crashed executions and lost messages; hold back ones that only wait.
+
+        ``parts``: only these partitions (default: all), in one pipeline.
+        """
+        args = {"limit": limit or self.settings.batch_size,
+                "max_deliveries": max_deliveries or self.settings.max_deliveries,
+                "delivery_ms": int(self.settings.delivery_timeout_s * 1000),
+                # Three missed heartbeats and a worker is presumed gone.
+                "alive_ms": int(self.settings.heartbeat_s * 3000)}
+        chosen = range(len(self.parts)) if parts is None else parts
+        calls: list[Call] = [(scripts.REAP, self.parts[i], (), args) for i in chosen]
+        return ReapResult.merge(scripts.REAP.reply(reply)
+                                for reply in (self._run(calls) if calls else []))
 
     @_unavailable
     def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
                error: str = "", retry_after_s: float | None = None,
-               event: dict[str, Any] | None = None) -> SettleResult:
+               event: dict[str, Any] | None = None,
+               http_status: int | None = None) -> SettleResult:
         """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
 
         The next due time is computed from the stored definition and Redis'
         clock; if the definition's timing changes meanwhile, it is recomputed.
+        ``http_status`` and ``retry_after_s`` also teach the job's domain (pacing).
         """
         if outcome not in ("complete", "error", "skip"):
             raise ValueError(f"unknown outcome {outcome!r}")
+        keys = self.part_of(job_id)
         for _ in range(5):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hget(self.keys.defs, job_id)
-            pipe.time()
-            raw, reply = pipe.execute()
-            now = _time_ms(reply)
+            raw, now = self._definition_and_time(keys, job_id)
             if raw is None:
                 # Deleted while in flight: the script records the outcome of the
                 # occurrence (if it is the current one) and forgets the job.
@@ -519,13 +836,16 @@ class Store:
                 label, next_due, next_occ, next_attempt = self._decide(
                     job, outcome, occurrence, attempt, now, retry_after_s)
             verdict, status, settled_ms = self._call(
-                scripts.SETTLE, id=job_id, occurrence=occurrence, attempt=attempt,
+                scripts.SETTLE, keys, id=job_id, occurrence=occurrence, attempt=attempt,
                 outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
                 next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
                 signature=job.timing_signature if job else "",
                 max_runs=(job.max_runs or 0) if job else 0,
                 events_maxlen=self.settings.events_maxlen,
-                event=json.dumps(event or {}, separators=(",", ":")))
+                event=json.dumps(event or {}, separators=(",", ":")),
+                http_status="" if http_status is None else http_status,
+                retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
+                pacing=self.pacing)
             if verdict == "changed":
                 continue
             if job is None:
@@ -534,6 +854,18 @@ class Store:
                 return SettleResult(True, status, label, next_due, settled_ms)
             return SettleResult(False, verdict, label)
         return SettleResult(False, "changed", outcome)
+
+    def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
+        """A job's definition and the clock of the server that holds it (one round trip)."""
+        # TIME has no key to route by: on a Cluster, send it to the node of the
+        # job's slot, the one whose clock the settle script will read.
+        options = ({"target_nodes": self.client.get_node_from_key(keys.defs)}
+                   if is_cluster(self.client) else {})
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(keys.defs, job_id)
+        pipe.execute_command("TIME", **options)
+        raw, reply = pipe.execute()
+        return raw, _time_ms(reply)
 
     def _decide(self, job: Job, outcome: str, occurrence: int, attempt: int, now: int,
                 retry_after_s: float | None) -> tuple[str, int | None, int, int]:
@@ -549,33 +881,48 @@ class Store:
         """The runtime state of each of ``ids`` (one HMGET), ``None`` where there is none."""
         if not ids:
             return []
-        return [RuntimeState.from_wire(raw) if raw else None
-                for raw in self.client.hmget(self.keys.state, list(ids))]
+        groups = self.group(ids)
+        pipe = self.client.pipeline(transaction=False)
+        for part, members in groups.items():
+            pipe.hmget(self.parts[part].state, members)
+        found = {job_id: raw for members, raws in zip(groups.values(), pipe.execute(), strict=True)
+                 for job_id, raw in zip(members, raws, strict=True)}
+        return [RuntimeState.from_wire(raw) if (raw := found.get(job_id)) else None
+                for job_id in ids]
 
     @_unavailable
     def recent_events(self, since_ms: int, count: int) -> list[dict[str, str]]:
         """The fields of the newest ``count`` settle events since ``since_ms``, newest first."""
-        rows = self.client.xrevrange(self.keys.events, min=f"{since_ms}-0", count=count)
-        return [{str(k): str(v) for k, v in (fields or {}).items()} for _sid, fields in rows or []]
+        replies = self._pipeline_each(
+            lambda pipe, keys: pipe.xrevrange(keys.events, min=f"{since_ms}-0", count=count))
+        rows = heapq.merge(*(part or [] for (part,) in replies),
+                           key=lambda row: _stream_order(str(row[0])), reverse=True)
+        return [{str(k): str(v) for k, v in (fields or {}).items()}
+                for _sid, fields in list(rows)[:count]]
 
     @_unavailable
     def dead_ids(self, limit: int) -> list[str]:
         """The ids of the ``limit`` most recently dead-lettered jobs."""
-        return [str(i) for i in self.client.zrevrange(self.keys.dead, 0, limit - 1)]
+        replies = self._pipeline_each(
+            lambda pipe, keys: pipe.zrevrange(keys.dead, 0, limit - 1, withscores=True))
+        rows = heapq.merge(*(part for (part,) in replies), key=lambda row: row[1], reverse=True)
+        return [str(job_id) for job_id, _ in list(rows)[:limit]]
 
     @_unavailable
-    def drain_cursor(self) -> str:
-        """Stream id of the last settle event copied into run history ("0" before any)."""
-        return str(self.client.get(self.keys.drain_cursor) or "0")
+    def drain_cursor(self, part: int = 0) -> str:
+        """Stream id of the last settle event of partition ``part`` copied into run
+        history ("0" before any)."""
+        return str(self.client.get(self.parts[part].drain_cursor) or "0")
 
     @_unavailable
-    def advance_drain_cursor(self, cursor: str) -> bool:
-        """Move the drain cursor forward to ``cursor``; never backwards (drains may race)."""
-        key = self.keys.drain_cursor
-        with self.client.pipeline() as pipe:
+    def advance_drain_cursor(self, cursor: str, part: int = 0) -> bool:
+        """Move partition ``part``'s drain cursor forward to ``cursor``; never backwards
+        (drains may race)."""
+        key = self.parts[part].drain_cursor
+        with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    pipe.watch(key)
                     current = pipe.get(key)
                     if current and _stream_order(str(current)) >= _stream_order(cursor):
                         pipe.unwatch()
@@ -588,9 +935,10 @@ class Store:
                     continue
 
     @_unavailable
-    def events(self, after: str = "0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        """Settle events after stream id ``after`` (for run history)."""
-        rows = self.client.xrange(self.keys.events, min=f"({after}" if after != "0" else "-",
-                                  count=count)
+    def events(self, after: str = "0", count: int = 1000,
+               part: int = 0) -> list[tuple[str, dict[str, str]]]:
+        """Settle events of partition ``part`` after stream id ``after`` (for run history)."""
+        rows = self.client.xrange(self.parts[part].events,
+                                  min=f"({after}" if after != "0" else "-", count=count)
         return [(str(i), {str(k): str(v) for k, v in (fields or {}).items()})
                 for i, fields in rows or []]

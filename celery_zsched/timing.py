@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+import re
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -148,6 +149,36 @@ def cron_next(expr: str, tz: ZoneInfo, after: datetime, day_rule: str = "or") ->
     return best
 
 
+def cron_dst_flags(expr: str, tz: ZoneInfo, slot: datetime,
+                   day_rule: str = "or") -> tuple[bool, bool]:
+    """(shifted, repeated) of ``slot``, a result of :func:`cron_next`, by its DST rules.
+
+    *shifted*: the wall time it stands for was skipped by a gap, so it fires
+    later on the wall clock (02:30 fires at 03:30). *repeated*: its wall time
+    comes twice in a fold and the job fires in both passes (an hour-wildcard
+    cron); a fold wall time that fires once, in its first pass, is not.
+    """
+    local = slot.astimezone(tz)
+    wall = local.replace(tzinfo=None)
+    before = (slot - _DST_WINDOW).astimezone(tz).utcoffset()
+    offset = local.utcoffset()
+    shifted = False
+    if before is not None and offset is not None and before != offset:
+        # A gap slot maps (fold=0, the offset before the gap) to its wall time
+        # plus the gap, so the wall time it was meant for is that much earlier.
+        meant = wall - (offset - before)
+        utc, is_gap, _ = _wall_to_utc(meant, tz, 0)
+        shifted = is_gap and utc == slot.astimezone(UTC) and _matches(expr, meant, day_rule)
+    _, _, ambiguous = _wall_to_utc(wall, tz, 0)
+    return shifted, ambiguous and _hour_is_wildcard(expr)
+
+
+def _matches(expr: str, wall: datetime, day_rule: str) -> bool:
+    """``wall`` (naive, whole minute) is a slot of ``expr``."""
+    nxt: datetime = _walker(expr, wall - timedelta(seconds=1), day_rule).get_next(datetime)
+    return nxt == wall
+
+
 def _steady_next(expr: str, tz: ZoneInfo, after_utc: datetime, wall_after: datetime,
                  day_rule: str) -> datetime | None:
     """The next slot when no UTC offset change is near; ``None`` asks for the careful walk.
@@ -174,6 +205,59 @@ def _steady_next(expr: str, tz: ZoneInfo, after_utc: datetime, wall_after: datet
 def cron_is_valid(expr: str) -> bool:
     """A 5-field cron expression that croniter accepts."""
     return len(expr.split()) == 5 and bool(croniter.is_valid(expr))
+
+
+_CRON_FIELD_NAMES = "minute hour day-of-month month day-of-week"
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+#: Each field's label in messages, its numeric range and its names.
+_CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
+    ("minutes", 0, 59, ()), ("hours", 0, 23, ()), ("days of month", 1, 31, ()),
+    ("months", 1, 12, _MONTHS), ("days of week", 0, 7, _DAYS))
+_DIGITS = re.compile("[0-9]+")
+
+
+def cron_mistake(expr: str) -> str | None:
+    """Which part of a cron expression is wrong, in words, or None if no part is to blame.
+
+    Only names the culprit (``'61' is not in 0-59 for minutes``): croniter
+    (:func:`cron_is_valid`) alone decides whether an expression is valid, so
+    call this only for one that it rejected.
+    """
+    fields = expr.split()
+    if len(fields) != 5:
+        return f"expected 5 fields ({_CRON_FIELD_NAMES}), got {len(fields)}"
+    for text, (label, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
+        for part in text.split(","):
+            problem = _cron_part_mistake(part, label, low, high, names)
+            if problem:
+                return problem
+    return None
+
+
+def _cron_part_mistake(part: str, label: str, low: int, high: int,
+                       names: tuple[str, ...]) -> str | None:
+    if not part:
+        return f"empty list item (a stray ',') for {label}"
+    base, slash, step = part.partition("/")
+    if slash and not (_DIGITS.fullmatch(step) and int(step) > 0):
+        return f"step {step!r} is not a whole number of 1 or more for {label}"
+    if label == "days of month" and base[-1:] in ("W", "w"):
+        base = base[:-1]  # 15W: the weekday nearest the 15th
+    if label == "days of week":
+        base = base.split("#", 1)[0]  # 5#2: the second Friday
+        base = base[1:] if base[:1] in ("L", "l") and len(base) > 1 else base  # L5
+    if base in ("*", "?", "L", "l"):
+        return None
+    ends = base.split("-", 1)
+    span = f"{low}-{high}" + (f" or {names[0]}-{names[-1]}" if names else "")
+    for end in ends:
+        if _DIGITS.fullmatch(end):
+            if not low <= int(end) <= high:
+                return f"{end!r} is not in {low}-{high} for {label}"
+        elif end.lower() not in names:
+            return f"{end!r} is not in {span} for {label}"
+    return None
 
 
 def jitter_ms(jitter_s: float, rng: random.Random) -> int:

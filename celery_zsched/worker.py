@@ -28,8 +28,9 @@ from celery import current_app, current_task, signals
 from celery.exceptions import Ignore
 
 from .appstore import store_for_app
-from .errors import StoreUnavailable
+from .errors import JobFailed, StoreUnavailable
 from .heartbeat import heartbeat_for
+from .http_status import retry_after_of, status_of
 from .store import StartResult, Store
 from .telemetry import log_event
 
@@ -79,16 +80,22 @@ def _from_request(request: Any) -> Occurrence | None:
     return None
 
 
-def report(outcome: str = "error", *, error: str = "", retry_after: float | None = None) -> None:
+def report(outcome: str = "error", *, error: str = "", retry_after: float | None = None,
+           status: int | None = None) -> None:
     """Report the running task's outcome explicitly, instead of its return value.
 
-    For example ``report("error", error="HTTP 429", retry_after=120)`` makes a
-    task that returns normally count as an error retried in 120 s.
+    For example ``report("error", error="HTTP 429", status=429, retry_after=120)``
+    makes a task that returns normally count as an error retried in 120 s, and
+    (with pacing on) closes the domain for 120 s. ``report("complete", status=200)``
+    reports a success with its status.
     """
     if outcome not in ("complete", "error"):
         raise ValueError(f"outcome must be 'complete' or 'error', got {outcome!r}")
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int)
+                               or not 100 <= status <= 599):
+        raise ValueError(f"status must be an HTTP status code (100-599), got {status!r}")
     request: Any = current_task.request
-    request.zsched_outcome = (outcome, error, retry_after)
+    request.zsched_outcome = (outcome, error, retry_after, status)
 
 
 def _with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
@@ -109,7 +116,8 @@ def _with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
 
 
 def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error: str = "",
-            retry_after: float | None = None, task_id: str | None = None) -> None:
+            retry_after: float | None = None, task_id: str | None = None,
+            status: int | None = None) -> None:
     # Start and promotion are read on Redis' clock; the duration on this host's
     # monotonic clock. So wait_ms and duration_ms never mix two hosts' clocks.
     started = getattr(request, "zsched_started_ms", None) if request is not None else None
@@ -128,7 +136,7 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
     try:
         result = _with_retries("settle", occ, lambda: store.settle(
             occ.job_id, occ.occurrence, occ.attempt, outcome, error=error,
-            retry_after_s=retry_after, event=timings), SETTLE_RETRY_S)
+            retry_after_s=retry_after, event=timings, http_status=status), SETTLE_RETRY_S)
     except StoreUnavailable as exc:
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                      "the occurrence will be redelivered", occ.job_id, exc)
@@ -137,6 +145,7 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
     log_event(event, logging.INFO if outcome == "complete" else logging.WARNING,
               job_id=occ.job_id, occurrence=occ.occurrence, attempt=occ.attempt,
               status=result.label, applied=result.applied, error=error or None,
+              http_status=status,
               lateness_ms=timings["lateness_ms"], wait_ms=timings["wait_ms"],
               duration_ms=timings["duration_ms"], next_run_at=result.next_due_ms)
 
@@ -163,10 +172,10 @@ def start_occurrence(task: Any) -> None:
     occ = _from_request(request)
     if occ is None or getattr(request, "zsched_start", None) is not None:
         return
-    store = store_for_app(task.app)
     try:
-        result: StartResult = _with_retries("start", occ, lambda: store.start(
-            occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms), START_RETRY_S)
+        # store_for_app inside the retries: a Redis Cluster client connects as it
+        # is built, so a cluster that is down at the first task is an outage too.
+        result = _start_paced(task.app, occ)
     except StoreUnavailable as exc:
         # Without a start the run is not protected against a duplicate: hand the
         # message back to the broker (same task id) and try again later.
@@ -174,10 +183,17 @@ def start_occurrence(task: Any) -> None:
                        occ.job_id, exc, START_REQUEUE_S)
         raise task.retry(countdown=START_REQUEUE_S, max_retries=None) from exc
     request.zsched_start = result
+    if result.status == "deferred":
+        # The domain's gate stays closed (Retry-After, an open breaker): the
+        # occurrence is back in the schedule and will be published again.
+        log_event("job_deferred", job_id=occ.job_id, occurrence=occ.occurrence,
+                  attempt=occ.attempt, until_ms=result.until_ms)
+        raise Ignore()
     if result.status == "ok":
         request.zsched_started_ms = result.now_ms
         request.zsched_started_mono = time.monotonic()
-        heartbeat_for(task.app, store).track(occ.job_id, occ.occurrence, occ.attempt)
+        heartbeat = heartbeat_for(task.app, store_for_app(task.app))
+        heartbeat.track(occ.job_id, occ.occurrence, occ.attempt)
         return
     if result.status == "expired":
         log_event("job_expired", logging.WARNING, job_id=occ.job_id, occurrence=occ.occurrence,
@@ -188,6 +204,17 @@ def start_occurrence(task: Any) -> None:
                   occurrence=occ.occurrence, attempt=occ.attempt, task_id=request.id,
                   found=result.status, status=result.found or None)
     raise Ignore()
+
+
+def _start_paced(app: Any, occ: Occurrence) -> StartResult:
+    """The start compare-and-set; while the domain's start gate opens within a
+    short wait (``wait``), sleep until then and try again."""
+    while True:
+        result: StartResult = _with_retries("start", occ, lambda: store_for_app(app).start(
+            occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms), START_RETRY_S)
+        if result.status != "wait":
+            return result
+        time.sleep((result.until_ms or 1) / 1000)
 
 
 def _zsched_before_start(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -205,12 +232,21 @@ def install_start(app: Any) -> None:
     that runs it, and an ``Ignore`` raised there skips the body. The app's base
     task class is patched first, so tasks registered later inherit it; a task
     class with its own ``before_start`` keeps it, called after the start.
+
+    :class:`~celery_zsched.errors.JobFailed` is also added to each task's
+    ``throws``, Celery's documented list of expected errors: it is how a task
+    reports an error (an HTTP 429 with ``retry_after``), not a bug, so Celery
+    logs it in one INFO line without a traceback instead of an ERROR with one.
+    The settle logs the failure itself, as one ``job_error`` WARNING line.
     """
     classes = [app.Task, *(type(task) for task in app.tasks.values())]
     for cls in classes:
         current = cls.before_start
         if not getattr(current, "zsched", False):
             cls.before_start = _zsched_before_start(current)
+        throws = tuple(cls.throws)
+        if not any(issubclass(JobFailed, kind) for kind in throws):
+            cls.throws = (*throws, JobFailed)
 
 
 def on_worker_init(sender: Any = None, **_: Any) -> None:
@@ -257,21 +293,23 @@ def on_success(sender: Any = None, **_: Any) -> None:
     occ = _from_request(request)
     if occ is None:
         return
-    outcome, error, retry_after = getattr(request, "zsched_outcome", None) or ("complete", "", None)
-    _settle(_app_of(sender), occ, outcome, request, error, retry_after, request.id)
+    outcome, error, retry_after, status = (getattr(request, "zsched_outcome", None)
+                                           or ("complete", "", None, None))
+    _settle(_app_of(sender), occ, outcome, request, error, retry_after, request.id, status)
 
 
 def on_failure(sender: Any = None, task_id: str | None = None,
                exception: BaseException | None = None, **_: Any) -> None:
-    """Error, with the exception text; a ``retry_after`` attribute sets the retry delay."""
+    """Error, with the exception text, and the HTTP status and Retry-After it carries
+    (``JobFailed``, or an HTTP client's error: see :mod:`celery_zsched.http_status`)."""
     request = getattr(sender, "request", None)
     occ = _from_request(request)
     if occ is None:
         return
     error = f"{type(exception).__name__}: {exception}" if exception else "failed"
-    retry_after = getattr(exception, "retry_after", None)
-    _settle(_app_of(sender), occ, "error", request, error,
-            float(retry_after) if isinstance(retry_after, int | float) else None, task_id)
+    status = status_of(exception) if exception is not None else None
+    retry_after = retry_after_of(exception) if exception is not None else None
+    _settle(_app_of(sender), occ, "error", request, error, retry_after, task_id, status)
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:

@@ -12,9 +12,12 @@
 3. Migrates the SQLite database (``example_project/db.sqlite3``, or
    ``DATABASE_URL``), creates the superuser admin/admin, imports the 1,000
    sample jobs with ``manage.py zsched_import`` and reconciles Redis.
-4. Starts ``runserver 127.0.0.1:8000`` (the admin and the fake feeds the jobs
-   fetch), a Celery worker and ``celery beat -S celery_zsched``, prints where
-   to log in and a status line every 15 s. Ctrl-C stops everything.
+4. Starts ``runserver 127.0.0.1:8000`` (the admin), ``manage.py
+   serve_targets`` (the fake sites the jobs fetch, on 127.0.0.2, .3 and
+   .10-.33, port 8000: each host is one domain to the per-domain pacing), a
+   Celery worker and ``celery beat -S celery_zsched``, prints where to log in,
+   how to watch the domains, and a status line every 15 s. Ctrl-C stops
+   everything.
 """
 
 from __future__ import annotations
@@ -90,15 +93,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def port_busy(port: int) -> bool:
+def port_busy(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, log: Path | None = None,
-                  timeout: float = 30.0) -> None:
+                  timeout: float = 30.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
-    while not port_busy(port):
+    while not port_busy(port, host):
         if proc.poll() is not None or time.monotonic() > deadline:
             detail = f"; see {log}" if log else ""
             raise SystemExit(f"[demo] {what} did not start{detail}")
@@ -151,14 +154,21 @@ print("[demo] superuser admin/admin", "created" if created else "reset")
 
 def status_line(store: Any) -> str:
     stats = store.stats()
+    alerts = store.domain_alerts()
+    # The sites pacing holds back now, by name: the rate-limited one (127.0.0.2)
+    # while its Retry-After gate is shut, the flaky one (127.0.0.3) while its
+    # breaker is open.
+    flagged = "".join(f" {kind}={','.join(names)}" for kind, names in alerts.items() if names)
     return (f"{time.strftime('%H:%M:%S')}  jobs={stats['jobs']} scheduled={stats['scheduled']} "
             f"in_flight={stats['in_flight']} paused={stats['paused']} dead={stats['dead']} "
             f"due_next_minute={stats['due_next_minute']}  "
-            f"complete={stats.get('total_complete', 0)} error={stats.get('total_error', 0)}")
+            f"complete={stats.get('total_complete', 0)} error={stats.get('total_error', 0)}"
+            f"{flagged}")
 
 
 def run(args: argparse.Namespace) -> int:
     import redis
+    from scrapers.hosts import FEED_HOSTS, FLAKY_HOST, RATELIMITED_HOST, host_for
 
     from celery_zsched import Settings, Store
 
@@ -199,11 +209,10 @@ def run(args: argparse.Namespace) -> int:
         jobs_file = HERE / "sample_jobs.json"
         if args.port != 8000:
             # The sample points at :8000; write a copy that points at --port.
-            sys.path.insert(0, str(HERE))
             from make_sample_jobs import sample_jobs
 
             jobs_file = workdir / "sample_jobs.json"
-            jobs_file.write_text(json.dumps(sample_jobs(f"http://127.0.0.1:{args.port}")))
+            jobs_file.write_text(json.dumps(sample_jobs(args.port)))
         say(f"importing {jobs_file.name}")
         manage(env, "zsched_import", "--file", str(jobs_file))
         # A second run of the demo finds the rows in the database (the import
@@ -214,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
             "runserver", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{args.port}",
                           "--noreload"], workdir / "runserver.log", env)
         wait_for_port(args.port, runserver, "runserver", workdir / "runserver.log")
+        targets = procs.start("targets", [sys.executable, "manage.py", "serve_targets",
+                                          "--port", str(args.port)], workdir / "targets.log", env)
+        wait_for_port(args.port, targets, "serve_targets", workdir / "targets.log",
+                      host=FEED_HOSTS[-1])
         celery = [sys.executable, "-m", "celery", "-A", "proj"]
         procs.start("worker", [*celery, "worker", "-l", "info", "-P", "threads", "-c", "16",
                                "--without-gossip", "--without-mingle", "--without-heartbeat"],
@@ -223,13 +236,19 @@ def run(args: argparse.Namespace) -> int:
 
         base = f"http://127.0.0.1:{args.port}"
         own = "" if "REDIS_URL" in os.environ else "  (throwaway: gone when the demo stops)"
+        domains = (f"cd {HERE} && REDIS_URL={redis_url} "
+                   f"{sys.executable} -m celery -A proj zsched domains")
         print(f"""
   celery-zsched demo is running
 
   admin     {base}/admin/zsched/zschedjob/   log in as  admin / admin
-  targets   {base}/targets/feed/1.xml  (also slow/, error/, ratelimited/)
+  targets   http://{host_for("feed", 1)}:{args.port}/targets/feed/1.xml  (also slow/, error/;
+            healthy sites {FEED_HOSTS[0]}-{FEED_HOSTS[-1]}, rate-limited {RATELIMITED_HOST},
+            flaky {FLAKY_HOST}: down (503) at first, then it recovers)
+  domains   {base}/admin/zsched/zschedjob/domains/
+            or  {domains}
   redis     {redis_url}{own}
-  logs      {workdir}/{{runserver,worker,beat}}.log
+  logs      {workdir}/{{runserver,targets,worker,beat}}.log
 
   Run history reaches the admin every 15 s (the drain_history task).
   Ctrl-C stops everything.

@@ -46,7 +46,7 @@ def _rejected(data: Any, field: str, row: int | None = 7) -> ValidationError:
     assert err.field == field, str(err)
     assert err.row == row
     text = str(err)
-    assert text.startswith(f"row {row}: {field}: " if row is not None else f"{field}: ")
+    assert text.startswith(f"line {row}: {field}: " if row is not None else f"{field}: ")
     assert len(text) < 1000, "a huge value must be shortened in the message"
     return err
 
@@ -153,7 +153,7 @@ def test_a_field_name_that_cannot_be_printed_is_still_reported() -> None:
     with pytest.raises(ValidationError) as caught:
         Job.from_dict({**BASE, 10**5000: 1}, row=7)
     assert caught.value.message == "unknown field"
-    assert str(caught.value).startswith("row 7: ")
+    assert str(caught.value).startswith("line 7: ")
     assert len(str(caught.value)) < 300
 
 
@@ -161,7 +161,7 @@ def test_the_message_of_a_huge_or_deep_value_is_short_and_never_raises() -> None
     """repr() of these raises (int digit limit, recursion) or is megabytes long."""
     for value in (10**5000, _nested(DEEP), "x" * 10_000_000, {"k": _nested(DEEP)}):
         text = str(ValidationError("meta", value, "bad", row=3))
-        assert text.startswith("row 3: meta: bad (got ") and len(text) < 300
+        assert text.startswith("line 3: meta: bad (got ") and len(text) < 300
 
 
 def test_valid_values_at_the_limits_still_parse() -> None:

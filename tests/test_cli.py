@@ -27,10 +27,9 @@ from click.testing import CliRunner, Result
 from celery_zsched.appstore import forget_app
 from celery_zsched.job import job_id_for_url
 from celery_zsched.store import Store
+from tests.cli_env import APP, ROOT, cli_prefix, invoke
 from tests.helpers import store_snapshot
 
-ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.cli_app"
 CELERY = Path(sys.executable).with_name("celery")
 UNREACHABLE = "redis://127.0.0.1:1/0"
 
@@ -40,14 +39,7 @@ Run = Callable[..., Result]
 @pytest.fixture
 def prefix(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A fresh key prefix, passed to the app through the ``ZSCHED_*`` environment."""
-    value = "{cli" + uuid.uuid4().hex[:8] + "}:"
-    monkeypatch.setenv("ZSCHED_REDIS_URL", redis_url)
-    monkeypatch.setenv("ZSCHED_KEY_PREFIX", value)
-    monkeypatch.syspath_prepend(str(ROOT))
-    app = importlib.import_module(APP).app
-    forget_app(app)  # the store is cached per app: drop the last test's prefix
-    yield value
-    forget_app(app)
+    yield from cli_prefix(redis_url, monkeypatch, "cli")
 
 
 @pytest.fixture
@@ -59,9 +51,6 @@ def zstore(make_store: Callable[..., Store], prefix: str) -> Store:
 @pytest.fixture
 def run(prefix: str) -> Run:
     """Invoke ``celery -A tests.cli_app zsched ARGS``; exceptions are not swallowed."""
-    def invoke(*args: str) -> Result:
-        return CliRunner().invoke(celery, ["-A", APP, "zsched", *args],
-                                  catch_exceptions=False)
     return invoke
 
 
@@ -145,14 +134,19 @@ def test_add_takes_every_option(run: Run, zstore: Store) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--url", "https://a.example/x", "--interval", "-5"], "invalid --interval: must be a "),
-    (["--id", "x", "--task", "t", "--cron", "61 * * * *"], "invalid --cron: not a valid"),
+    (["--id", "x", "--task", "t", "--cron", "61 * * * *"],
+     "invalid --cron: '61' is not in 0-59 for minutes (got '61 * * * *')"),
+    (["--id", "x", "--task", "t", "--cron", "0 0 * * * *"],
+     "invalid --cron: expected 5 fields (minute hour day-of-month month day-of-week), got 6"),
     (["--id", "x", "--task", "t", "--cron", "0 0 31 2 *"], "invalid --cron: never fires"),
     (["--id", "x", "--task", "t", "--cron", "* * * * *", "--tz", "Mars/Base"],
      "invalid --tz: unknown IANA time zone (got 'Mars/Base')"),
     (["--url", "ftp://a.example/x"], "invalid --url: must be an absolute http(s) URL"),
     (["--id", "x"], "invalid --task: a job without a url needs a task name"),
     (["--url", "https://a.example/x", "--interval", "5", "--cron", "* * * * *"],
-     "invalid --cron: give only one of"),
+     "invalid --cron: give only one of --interval, --cron, --run-at (also got --interval)"),
+    (["--id", "x", "--task", "t", "--interval", "5", "--start-at", "2040-01-02T00:00:00",
+      "--end-at", "2040-01-01T00:00:00"], "invalid --end-at: must be after --start-at"),
     (["--id", "x", "--task", "t", "--run-at", "tomorrow"], "invalid --run-at: must be an ISO"),
 ])
 def test_add_rejects_bad_input_and_writes_nothing(run: Run, zstore: Store, args: list[str],
@@ -199,17 +193,18 @@ def test_import_twice_updates_without_moving_schedules(
 
 @pytest.mark.parametrize(("name", "text", "expected"), [
     ("jobs.json", json.dumps([*_urls(3)[:2], {"url": "https://a.example/9", "interval_s": -1}],
-                             indent=1), "row 12: interval_s: must be a finite number"),
+                             indent=1),
+     "job 3 (url 'https://a.example/9'): interval_s: must be a finite number"),
     ("jobs.csv", "id,task,cron\na,t,0 9 * * *\nb,t,0 9 * *\n",
-     "row 3: cron: not a valid 5-field cron expression (got '0 9 * *')"),
+     "job 2 (line 3, id 'b'): cron: "),
     ("jobs.jsonl", '{"id": "a", "task": "t"}\n{"id": "b", "task": "t", "timezone": "Nowhere"}',
-     "row 2: timezone: unknown IANA time zone"),
+     "job 2 (line 2, id 'b'): timezone: unknown IANA time zone"),
     ("jobs.json", '[\n {"url": "https://a.example/1"}\n {"url": "https://a.example/2"}\n]',
      "file: malformed JSON at line 3, column 2: Expecting ',' delimiter"),
     ("jobs.csv", "url,colour\nhttps://a.example/1,red\n",
      "colour: unknown column in the header (line 1)"),
     ("jobs.jsonl", '{"url": "https://a.example/1"}\n{"url": "https://a.example/1"}\n',
-     "row 2: id: duplicate id, first on row 1"),
+     "job 2 (line 2, url 'https://a.example/1'): id: duplicate id, first as job 1 (line 1)"),
 ])
 def test_a_bad_import_exits_non_zero_names_row_and_field_and_writes_nothing(
         run: Run, zstore: Store, tmp_path: Path, name: str, text: str, expected: str) -> None:
@@ -235,9 +230,9 @@ def test_import_skip_invalid_stores_the_rest_and_lists_the_skipped_rows(
     text = "url,interval_s\nhttps://a.example/1,60\nhttps://a.example/2,-1\nftp://x,\n"
     result = run("import", "-f", str(_write(tmp_path, "jobs.csv", text)), "--skip-invalid")
     assert result.exit_code == 0, result.output
-    assert "skipped row 3: interval_s:" in result.stderr
-    assert "skipped row 4: url:" in result.stderr
-    assert "created 1, updated 0, rescheduled 0, skipped 2 invalid row(s)" in result.stdout
+    assert "skipped job 2 (line 3, url 'https://a.example/2'): interval_s:" in result.stderr
+    assert "skipped job 3 (line 4, url 'ftp://x'): url:" in result.stderr
+    assert "created 1, updated 0, rescheduled 0, skipped 2 invalid job(s)" in result.stdout
     assert zstore.client.hkeys(zstore.keys.defs) == [job_id_for_url("https://a.example/1")]
 
 
@@ -246,16 +241,17 @@ def test_import_dry_run_validates_and_writes_nothing(
     good = _write(tmp_path, "good.json", _urls(7))
     result = run("import", "-f", str(good), "--dry-run")
     assert result.exit_code == 0
-    assert result.stdout.startswith("dry run: 7 valid job(s), 0 invalid row(s)")
+    assert result.stdout.startswith("dry run: 7 valid job(s), 0 invalid job(s)")
     bad = _write(tmp_path, "bad.json", [*_urls(2), {"url": "nope"}])
     result = run("import", "-f", str(bad), "--dry-run")
     assert result.exit_code == 65
-    assert "Error: 1 invalid row(s), nothing was written:\n  row 12: url:" in result.stderr
+    assert ("Error: 1 invalid job(s), nothing was written:\n  job 3 (url 'nope'): url:"
+            in result.stderr)
     assert "skipped" not in result.stderr
     result = run("import", "-f", str(bad), "--dry-run", "--skip-invalid")
     assert result.exit_code == 0
-    assert "skipped row 12: url:" in result.stderr
-    assert result.stdout.startswith("dry run: 2 valid job(s), 1 invalid row(s)")
+    assert "skipped job 3 (url 'nope'): url:" in result.stderr
+    assert result.stdout.startswith("dry run: 2 valid job(s), 1 invalid job(s)")
     assert store_snapshot(zstore)["keys"] == 0
 
 
@@ -455,13 +451,37 @@ def test_the_installed_celery_command_imports_and_exits_with_status(
     bad = _write(tmp_path, "bad.csv", "url,interval_s\nhttps://a.example/1,60\nhttps://x,0\n")
     done = celery_zsched("import", "--file", str(bad))
     assert done.returncode == 65
-    assert "row 3: interval_s: must be a finite number >= 0.001" in done.stderr
+    assert "job 2 (line 3, url 'https://x'): interval_s: must be a finite number >= 0.001" in (
+        done.stderr)
     assert "Traceback" not in done.stderr
     assert store_snapshot(zstore) == before
 
     done = celery_zsched("import", "--file", str(good), ZSCHED_REDIS_URL=UNREACHABLE)
     assert done.returncode == 69
     assert "cannot reach Redis" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_without_an_app_the_cli_says_it_uses_celerys_default_app(tmp_path: Path) -> None:
+    """``celery zsched stats`` with no ``-A``: a note on stderr before any Redis is touched."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CELERY_", "ZSCHED_", "DJANGO_"))}
+    done = subprocess.run([str(CELERY), "zsched", "stats"], cwd=tmp_path,
+                          env={**env, "ZSCHED_REDIS_URL": UNREACHABLE}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 69, done.stderr
+    note = ("zsched: no -A/--app given: using Celery's default app and its settings "
+            f"({UNREACHABLE})\n")
+    assert done.stderr.startswith(note), done.stderr
+    assert done.stderr.count("no -A/--app given") == 1
+    assert "cannot reach Redis" in done.stderr[len(note):]
+
+
+def test_with_an_app_the_cli_says_nothing_about_the_default_app(
+        run: Run, prefix: str) -> None:
+    """``-A`` given: no note."""
+    result = run("stats")
+    assert result.exit_code == 0, result.output
+    assert "default app" not in result.stderr
 
 
 # ------------------------------------------------------ bad input never crashes
@@ -480,27 +500,27 @@ def _short_id(value: Any) -> str:
     ("deep.jsonl", '{"url": "https://a.example/1"}\n{"meta": ' + _DEEP + "}\n",
      "file: malformed JSON at line 2: nested too deeply"),
     ("ipv6.jsonl", '{"url": "https://a.example/1"}\n{"url": "http://[::1"}\n',
-     "row 2: url: must be an absolute http(s) URL: Invalid IPv6 URL"),
+     "job 2 (line 2, url 'http://[::1'): url: must be an absolute http(s) URL: Invalid IPv6 URL"),
     ("huge.json", '[\n{"url": "https://a.example/1", "interval_s": 1' + "0" * 400 + "}\n]",
-     "row 2: interval_s: must be a number"),
+     "job 1 (url 'https://a.example/1'): interval_s: must be a number"),
     ("digits.jsonl", '{"url": "https://a.example/1", "jitter_s": ' + "9" * 5000 + "}\n",
      "file: malformed JSON at line 1: Exceeds the limit (4300 digits)"),
     ("folder.csv", "id,task,cron,timezone\na,t,0 9 * * *,Europe\n",
-     "row 2: timezone: unknown IANA time zone (got 'Europe')"),
+     "job 1 (line 2, id 'a'): timezone: unknown IANA time zone (got 'Europe')"),
     ("surrogate.jsonl", '{"id": "a", "task": "t", "name": "\\udc80"}\n',
-     "row 1: name: must be valid Unicode (it holds a lone surrogate)"),
+     "job 1 (line 1, id 'a'): name: must be valid Unicode (it holds a lone surrogate)"),
     ("nan.json", '[{"id": "a", "task": "t", "interval_s": NaN}]',
-     "row 1: interval_s: must be a finite number"),
+     "job 1 (id 'a'): interval_s: must be a finite number"),
     ("inf-meta.json", '[{"id": "a", "task": "t", "meta": {"x": -Infinity}}]',
-     "row 1: meta: must not contain NaN or Infinity"),
+     "job 1 (id 'a'): meta: must not contain NaN or Infinity"),
     ("range.csv", "id,task,run_at\na,t,-1e20\n",
-     "row 2: run_at: must be an ISO 8601 date-time"),
+     "job 1 (line 2, id 'a'): run_at: must be an ISO 8601 date-time"),
     ("year1.csv", "id,task,run_at\na,t,0001-01-01T00:00:00\n",
-     "row 2: run_at: must be from 1970-01-01 to 9999-12-31 (UTC)"),
+     "job 1 (line 2, id 'a'): run_at: must be from 1970-01-01 to 9999-12-31 (UTC)"),
     ("long.jsonl", '{"id": "a", "task": "t", "name": "' + "n" * 1_000_000 + '"}\n',
-     "row 1: name: must be at most 200 characters, not 1,000,000"),
+     "job 1 (line 1, id 'a'): name: must be at most 200 characters, not 1,000,000"),
     ("deep-cell.csv", 'id,task,meta\na,t,"' + "[" * 50_000 + '"\n',
-     "row 2: meta: must be nested at most 32 levels deep"),
+     "job 1 (line 2, id 'a'): meta: must be nested at most 32 levels deep"),
     ("shape.jsonl", '"row"\n', "file: line 1 is a JSON string, not an object"),
     ("shape.json", '{"url": "https://a.example/1"}',
      "file: must be a JSON array of objects, not an object (line 1)"),
@@ -519,7 +539,7 @@ def test_a_file_of_each_crash_found_by_fuzzing_exits_65_naming_row_and_field(
     assert expected in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr) < 5000, "a huge value must be shortened"
-    assert not result.stderr.startswith("row 1: file:")
+    assert not result.stderr.startswith(("row 1: file:", "job 1"))
     assert store_snapshot(zstore) == before
 
 

@@ -395,7 +395,7 @@ def test_day_rule_rejects_anything_else_naming_the_field(bad: Any) -> None:
     with pytest.raises(ValidationError) as err:
         Job.from_dict({"id": "d", "task": "t", "cron": "0 0 * * *", "day_rule": bad}, row=4)
     assert err.value.field == "day_rule"
-    assert str(err.value).startswith("row 4: day_rule:")
+    assert str(err.value).startswith("line 4: day_rule:")
 
 
 def test_day_rule_picks_the_fires() -> None:

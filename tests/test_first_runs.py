@@ -48,9 +48,10 @@ def test_import_with_a_future_start_at_spreads_first_runs_from_start_at(
     for i, due in enumerate(dues):
         slot = start_at + i * INTERVAL_S * 1000 // N
         assert slot <= due <= slot + JITTER_S * 1000, (i, due - start_at)
-    # No herd: no two jobs share a millisecond, no second holds more than five (the
-    # bug put all 100 in one millisecond).
-    assert len(set(dues)) == N
+    # No herd (the bug put all 100 in one millisecond). Independent jitter draws over
+    # overlapping 30 s windows share a millisecond about once in fifty runs, so allow a
+    # few coincidences; no second may hold more than five.
+    assert len(set(dues)) >= N - 3
     assert max(Counter(d // 1000 for d in dues).values()) <= 5
     assert max(dues) - min(dues) >= (INTERVAL_S - JITTER_S) * 1000
     # The jitter really is drawn (not all zero offsets from the slots).

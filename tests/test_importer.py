@@ -225,8 +225,39 @@ def test_every_bad_json_row_is_reported_with_its_field_and_line(tmp_path: Path) 
         parse_rows(read_rows(path), BERLIN)
     found = [(e.row, e.field) for e in caught.value.errors]
     assert found == [(3, "interval_s"), (4, "cron"), (5, "timezone"), (6, "url")]
-    assert "row 3: interval_s: must be a finite number >= 0.001 (got -5)" in str(caught.value)
+    # A JSON array names the job by position and id or URL, not by line.
+    assert ("job 2 (url 'https://a.example/2'): interval_s: must be a finite number >= 0.001 "
+            "(got -5)") in str(caught.value)
+    assert [e.job for e in caught.value.errors] == [2, 3, 4, 5]
     assert "never fires" in caught.value.errors[1].message
+
+
+@pytest.mark.parametrize("indent", [None, 2], ids=["one-line", "pretty"])
+def test_a_json_array_names_the_job_by_position_and_id_not_line(
+        tmp_path: Path, indent: int | None) -> None:
+    """A one-line array made every job "row 1"; a pretty one made the 4th job "row 23"."""
+    rows: list[dict[str, object]] = [{"url": f"https://a.example/{i}"} for i in range(3)]
+    rows.append({"id": "nightly", "task": "t", "cron": "61 * * * *"})
+    path = _file(tmp_path, "jobs.json", json.dumps(rows, indent=indent))
+    with pytest.raises(ImportValidationError) as caught:
+        parse_rows(read_rows(path), BERLIN)
+    [error] = caught.value.errors
+    assert str(error).startswith("job 4 (id 'nightly'): cron: "), str(error)
+    assert "line" not in str(error).split(":")[0]
+
+
+@pytest.mark.parametrize(("name", "text", "where"), [
+    ("jobs.jsonl", '{"url": "https://a.example/1"}\n\n{"url": "ftp://x"}\n',
+     "job 2 (line 3, url 'ftp://x'): url: "),
+    ("jobs.csv", "id,task,cron\na,t,0 9 * * *\nb,t,61 * * * *\n",
+     "job 2 (line 3, id 'b'): cron: "),
+    ("jobs.csv", "task,cron\nt,0 9 * * *\n", "job 1 (line 2): id: "),
+])
+def test_jsonl_and_csv_errors_keep_the_line(tmp_path: Path, name: str, text: str,
+                                            where: str) -> None:
+    with pytest.raises(ImportValidationError) as caught:
+        parse_rows(read_rows(_file(tmp_path, name, text)), BERLIN)
+    assert str(caught.value.errors[0]).startswith(where), str(caught.value.errors[0])
 
 
 def test_a_bad_csv_row_is_reported_with_its_physical_line(tmp_path: Path) -> None:
@@ -253,7 +284,9 @@ def test_duplicate_ids_are_reported_on_the_later_row(tmp_path: Path) -> None:
         parse_rows(read_rows(path), BERLIN)
     assert [(e.row, e.field, e.value) for e in caught.value.errors] == [
         (3, "id", job_id_for_url(url)), (4, "id", job_id_for_url(url))]
-    assert "first on row 1" in caught.value.errors[0].message
+    assert "first as job 1 (line 1)" in caught.value.errors[0].message
+    assert str(caught.value.errors[1]).startswith(
+        f"job 4 (line 4, id '{job_id_for_url(url)}'): id: duplicate id")
 
 
 def test_skip_invalid_keeps_the_valid_rows_in_order_and_reports_the_rest() -> None:
@@ -272,7 +305,7 @@ def test_skip_invalid_keeps_the_valid_rows_in_order_and_reports_the_rest() -> No
     with pytest.raises(ImportValidationError) as caught:
         parse_rows(rows, BERLIN)
     assert len(caught.value.errors) == 3
-    assert str(caught.value).startswith("3 invalid row(s), nothing was written")
+    assert str(caught.value).startswith("3 invalid job(s), nothing was written")
 
 
 # ----------------------------------------------------------------- export

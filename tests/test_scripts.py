@@ -165,8 +165,8 @@ def test_two_processes_claim_each_of_10000_due_jobs_exactly_once(
 
 
 def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> None:
-    """claim.lua returns {now, next_due, next_deadline, room, then per job id, def, occ, attempt,
-    publishes, due}."""
+    """claim.lua returns {now, next_due, next_deadline, room, held, then per job id, def, occ,
+    attempt, publishes, due}."""
     job = _job("raw-claim")
     later = _job("later")
     store.upsert(job)
@@ -175,8 +175,8 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     store.client.zadd(store.keys.schedule, {later.id: later_due})
     due = int(store.client.zscore(store.keys.schedule, job.id) or 0)
     k = store.keys
-    res = store.client.eval(_lua("claim"), 6, k.schedule, k.queued, k.leases, k.state, k.defs,
-                            k.counters, 10, 20_000, 50)
+    res = store.client.eval(_lua("claim"), 8, k.schedule, k.queued, k.leases, k.state, k.defs,
+                            k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "")
     sec, usec = store.client.time()
     redis_now = sec * 1000 + usec // 1000
     now, next_due, next_lease, room = res[0], res[1], res[2], res[3]
@@ -184,14 +184,15 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     assert next_due == later_due
     assert next_lease == now + 20_000
     assert room == 49
-    assert res[4:] == [job.id, job.to_json(), due, 1, 1, due]
+    assert res[4] == 0  # held back by pacing (off here)
+    assert res[5:] == [job.id, job.to_json(), due, 1, 1, due]
     assert store.client.zscore(k.queued, job.id) == now + 20_000
     assert store.client.zscore(k.leases, job.id) is None
     assert _state(store, job.id).status == "queued"
     # Nothing due: the lists are empty and next_due/next_deadline still reported.
-    again = store.client.eval(_lua("claim"), 6, k.schedule, k.queued, k.leases, k.state, k.defs,
-                              k.counters, 10, 20_000, 50)
-    assert again[1:] == [later_due, now + 20_000, 49]
+    again = store.client.eval(_lua("claim"), 8, k.schedule, k.queued, k.leases, k.state, k.defs,
+                              k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "")
+    assert again[1:] == [later_due, now + 20_000, 49, 0]
 
 
 def test_claim_takes_only_due_jobs_and_at_most_limit(store: Store) -> None:
@@ -806,7 +807,9 @@ def test_edit_of_an_in_flight_job_applies_from_its_settle(store: Store) -> None:
     assert store.client.zscore(store.keys.leases, claimed.job.id) == lease
     res = store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "complete")
     assert res.applied and res.next_due_ms is not None and res.now_ms is not None
-    assert 0 <= res.now_ms + 10_000 - res.next_due_ms < 50
+    # The new 10 s interval, not the old 60 s: a second of slack for the round trip
+    # between the clock read that computes the next run and the settle script.
+    assert 0 <= res.now_ms + 10_000 - res.next_due_ms < 1000
 
 
 def test_disabled_job_is_stored_paused_and_enabling_schedules_it(store: Store) -> None:
@@ -824,6 +827,9 @@ def test_disabled_job_is_stored_paused_and_enabling_schedules_it(store: Store) -
 def test_every_time_comes_from_redis_time(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Due times, claims, leases and settles use Redis TIME, whatever the host clock says."""
     real_time = time.time
+    # The host clock is 5 h off; a second of slack for a loaded machine's round trips
+    # cannot hide that.
+    slack = 1000
 
     def redis_ms() -> int:
         sec, usec = store.client.time()
@@ -835,26 +841,26 @@ def test_every_time_comes_from_redis_time(store: Store, monkeypatch: pytest.Monk
         job = _job(f"clock{int(skew_s)}")
         store.upsert(job)
         due = store.client.zscore(store.keys.schedule, job.id)
-        assert due is not None and abs(due - redis_ms()) < 50
+        assert due is not None and abs(due - redis_ms()) < slack
         # Not yet due on the Redis clock, however far the host clock runs ahead.
         store.client.zadd(store.keys.schedule, {job.id: redis_ms() + 2_000}, xx=True)
         assert store.claim().jobs == []
         store.client.zadd(store.keys.schedule, {job.id: redis_ms() - 1}, xx=True)
         batch = store.claim()
         assert [c.job.id for c in batch.jobs] == [job.id]
-        assert abs(batch.now_ms - redis_ms()) < 50
+        assert abs(batch.now_ms - redis_ms()) < slack
         delivery_ms = store.settings.delivery_timeout_s * 1000
         assert store.client.zscore(store.keys.queued, job.id) == batch.now_ms + delivery_ms
-        assert abs(store.now_ms() - redis_ms()) < 50
+        assert abs(store.now_ms() - redis_ms()) < slack
         claimed = batch.jobs[0]
         started = store.start(job.id, claimed.occurrence, claimed.attempt)
-        assert started.now_ms is not None and abs(started.now_ms - redis_ms()) < 50
+        assert started.now_ms is not None and abs(started.now_ms - redis_ms()) < slack
         lease = store.client.zscore(store.keys.leases, job.id)
         assert lease == started.now_ms + store.settings.lease_s * 1000
         res = store.settle(job.id, claimed.occurrence, claimed.attempt, "complete")
-        assert res.now_ms is not None and abs(res.now_ms - redis_ms()) < 50
+        assert res.now_ms is not None and abs(res.now_ms - redis_ms()) < slack
         assert res.next_due_ms is not None
-        assert 0 <= res.now_ms + 60_000 - res.next_due_ms < 50
+        assert 0 <= res.now_ms + 60_000 - res.next_due_ms < slack
 
 
 def test_resume_after_end_at_finishes_instead_of_running_once_more(store: Store) -> None:

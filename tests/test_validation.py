@@ -57,7 +57,7 @@ def test_bad_row_is_rejected_naming_field_and_row(data: dict[str, Any], field: s
     assert err.field == field
     assert err.row == 42
     text = str(err)
-    assert text.startswith("row 42: ")
+    assert text.startswith("line 42: ")
     assert field in text
     assert err.message in text
     assert isinstance(err, ValueError)
@@ -73,6 +73,63 @@ def test_error_without_a_row_does_not_invent_one() -> None:
     assert "'not a cron'" in str(caught.value)
 
 
+@pytest.mark.parametrize(("cron", "message"), [
+    ("61 * * * *", "'61' is not in 0-59 for minutes"),
+    ("0 24 * * *", "'24' is not in 0-23 for hours"),
+    ("0 0 0 * *", "'0' is not in 1-31 for days of month"),
+    ("0 0 32 * *", "'32' is not in 1-31 for days of month"),
+    ("0 0 1 13 *", "'13' is not in 1-12 for months"),
+    ("0 0 * * 8", "'8' is not in 0-7 for days of week"),
+    ("0 0 * * 1-9", "'9' is not in 0-7 for days of week"),
+    ("0 0 1 foo *", "'foo' is not in 1-12 or jan-dec for months"),
+    ("0 0 * * funday", "'funday' is not in 0-7 or sun-sat for days of week"),
+    ("x * * * *", "'x' is not in 0-59 for minutes"),
+    ("0 0 L 13 *", "'13' is not in 1-12 for months"),
+    ("*/0 * * * *", "step '0' is not a whole number of 1 or more for minutes"),
+    ("1, * * * *", "empty list item (a stray ',') for minutes"),
+    ("* * * * * *",
+     "expected 5 fields (minute hour day-of-month month day-of-week), got 6"),
+    ("* * *", "expected 5 fields (minute hour day-of-month month day-of-week), got 3"),
+    ("@daily", "expected 5 fields (minute hour day-of-month month day-of-week), got 1"),
+    ("0 0 LW * *", "not a valid 5-field cron expression"),  # no one part to blame
+    ("0 0 31 2 *", "never fires: no date matches it"),
+])
+def test_a_bad_cron_error_names_the_bad_part(cron: str, message: str) -> None:
+    """As django-celery-beat does: the field and its range, or the count of fields."""
+    with pytest.raises(ValidationError) as caught:
+        Job.from_dict({**BASE, "cron": cron})
+    assert caught.value.field == "cron"
+    assert caught.value.message == message
+    assert str(caught.value) == f"cron: {message} (got {cron!r})"
+
+
+@pytest.mark.parametrize("cron", ["0 0 * * 7", "0 0 L * *", "0 0 15W * *", "0 0 * * 5#2",
+                                  "0 0 * * L5", "0 0 ? jan-dec sun-sat", "*/15 1-5/2 * * *"])
+def test_crons_croniter_accepts_stay_valid(cron: str) -> None:
+    """Naming the bad part never rejects what croniter accepts."""
+    assert Job.from_dict({**BASE, "cron": cron}).cron == cron
+
+
+def test_an_error_about_none_does_not_say_got_none() -> None:
+    """A null value adds nothing to the message: no "(got None)"."""
+    err = ValidationError("url", None, "must be a string")
+    assert str(err) == "url: must be a string"
+    assert str(err.at_row(3)) == "line 3: url: must be a string"
+
+
+@pytest.mark.parametrize(("name", "raw", "words"), [
+    ("batch_size", "lots", "must be an integer"),
+    ("domain_registrable", "maybe", "must be true or false"),
+    ("lease_s", "long", "must be a number"),
+])
+def test_a_setting_of_the_wrong_type_is_named_with_its_article(
+        name: str, raw: str, words: str) -> None:
+    """"must be an integer", never "must be a int"."""
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_mapping({f"zsched_{name}": raw}, env={})
+    assert f"zsched_{name} {words}, got {raw!r}" in str(caught.value)
+
+
 def test_a_row_that_is_not_an_object_is_rejected() -> None:
     """A JSON document row that is a list or string is named as the row."""
     with pytest.raises(ValidationError) as caught:
@@ -86,7 +143,7 @@ def test_at_row_keeps_field_value_and_message() -> None:
     moved = err.at_row(9)
     assert (moved.field, moved.value, moved.message, moved.row) == (
         "interval_s", -1, "must be positive", 9)
-    assert str(moved) == "row 9: interval_s: must be positive (got -1)"
+    assert str(moved) == "line 9: interval_s: must be positive (got -1)"
 
 
 def test_valid_rows_still_parse() -> None:

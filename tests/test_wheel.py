@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -46,10 +47,17 @@ def test_the_installed_wheel_loads_every_lua_script_with_its_prelude(tmp_path: P
                     "-q", "-w", str(dist), str(source)], check=True, timeout=300)
     wheel = next(dist.glob("celery_zsched-*.whl"))
     env_dir = tmp_path / "venv"
-    # The run-time dependencies come from this interpreter; the package itself
-    # only from the wheel.
-    venv.create(env_dir, with_pip=True, system_site_packages=True)
+    # The package only from the wheel; the run-time dependencies from this
+    # interpreter's environment (a venv's, which system_site_packages would
+    # skip), added by a path line: the .pth files there, the working tree's
+    # editable install among them, are not run.
+    venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site_dir = subprocess.run([python, "-c", where], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    Path(site_dir, "zsched_test_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
     subprocess.run([python, "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
                    check=True, timeout=300)
     out = subprocess.run([python, "-c", PROBE], cwd=tmp_path, check=True, timeout=60,

@@ -37,3 +37,121 @@ local function current_state(key, id, occurrence, attempt, statuses)
   end
   return nil
 end
+
+-- Per-domain pacing (celery_zsched.domains; README "Politeness"). The hash
+-- ``domains`` holds each domain's learned state, ``domain_conf`` the operator's
+-- overrides ({delay = ms, cap = n, adaptive = bool}). A state's keys:
+--   L   last grant by a claim (ms)         S   last start by a worker (ms)
+--   R   next free slot for a held job      n   occurrences in flight
+--   d   adaptive delay (ms; nil = base)    cu  gate closed until (Retry-After)
+--   b   breaker: "open" | "half" | nil     bo  breaker open until
+--   pj  id of the half-open probe          w, wo, wf  window start, completed, failed
+--   tc, tf  completed, failed (totals)     t4, t4n  last 429, 429s seen
+--   h   times a job was held back
+-- An occurrence in flight names its domain in its own state (``fd``), so it
+-- leaves flight exactly once whichever path ends it (settle, reap, release).
+
+-- JSON that is not a job's state (domain records, overrides, settings).
+local function decode_json(raw) return cjson.decode(raw) end
+local function encode_json(value) return cjson.encode(value) end
+local function is_json_null(value) return value == cjson.null end
+
+-- A domain at its cap, or behind a half-open probe, is looked at again after
+-- its delay and at least this long: nothing says when a slot frees, and a zero
+-- delay must not spin.
+local PACING_RECHECK_MS = 1000
+
+-- The pacing settings (the ARGV JSON of PacingDefaults), or nil: pacing off.
+local function pacing_config(raw)
+  if raw == nil or raw == "" then return nil end
+  return cjson.decode(raw)
+end
+
+-- Lua's C stack holds about 8000 values: HMGET and HSET go in chunks.
+local CHUNK = 4000
+
+-- HMGET of ``fields`` (a list), as a list aligned with it.
+local function hmget_all(key, fields)
+  local out = {}
+  for first = 1, #fields, CHUNK do
+    local part = redis.call("HMGET", key, unpack(fields, first, math.min(#fields, first + CHUNK - 1)))
+    for i = 1, #part do out[first + i - 1] = part[i] end
+  end
+  return out
+end
+
+-- get(name) -> entry {rec, conf, dirty} read once per script call; preload(names)
+-- reads many with one HMGET; flush() writes back the entries that changed, in
+-- one HSET.
+local function domain_cache(state_key, conf_key)
+  local cache = {}
+  -- Most fleets set no override: one HLEN per call saves a read per domain.
+  local overrides = nil
+  local function has_overrides()
+    if overrides == nil then
+      overrides = conf_key ~= nil and redis.call("HLEN", conf_key) > 0
+    end
+    return overrides
+  end
+  local function entry(name, rs, rc)
+    local e = {rec = rs and cjson.decode(rs) or {}, conf = rc and cjson.decode(rc) or {}, dirty = false}
+    cache[name] = e
+    return e
+  end
+  local function get(name)
+    return cache[name] or entry(name, redis.call("HGET", state_key, name),
+                                has_overrides() and redis.call("HGET", conf_key, name))
+  end
+  local function preload(names)
+    if #names == 0 then return end
+    local states = hmget_all(state_key, names)
+    local confs = has_overrides() and hmget_all(conf_key, names) or {}
+    for i, name in ipairs(names) do entry(name, states[i], confs[i]) end
+  end
+  local function flush()
+    local args = {}
+    for name, e in pairs(cache) do
+      if e.dirty then
+        args[#args + 1] = name
+        args[#args + 1] = cjson.encode(e.rec)
+      end
+    end
+    for first = 1, #args, CHUNK do
+      redis.call("HSET", state_key, unpack(args, first, math.min(#args, first + CHUNK - 1)))
+    end
+  end
+  return get, flush, preload
+end
+
+-- The delay in force (ms): the base (override or default), raised by the
+-- adaptive delay unless the domain's override turned adaptation off.
+local function domain_delay(e, P)
+  local base = e.conf.delay or P.delay
+  if e.conf.adaptive == false then return base end
+  return math.max(base, e.rec.d or 0)
+end
+
+-- A held job takes the next free slot at or after ``at``: jobs of one domain
+-- that are held together are spread at its delay, not retried in a loop.
+local function domain_reserve(e, at, delay)
+  local t = math.max(at, e.rec.R or 0)
+  e.rec.R = t + delay
+  e.rec.h = (e.rec.h or 0) + 1
+  e.dirty = true
+  return t
+end
+
+-- Occurrence ``id`` (state ``st``) leaves flight. Returns its domain's entry
+-- (nil when it was not paced) and whether it was the half-open probe; a probe
+-- that leaves without a verdict frees the way for the next one.
+local function domain_land(get, st, id)
+  local name = st.fd
+  if not name then return nil, false end
+  st.fd = nil
+  local e = get(name)
+  e.rec.n = math.max(0, (e.rec.n or 0) - 1)
+  local probe = e.rec.pj == id
+  if probe then e.rec.pj = nil end
+  e.dirty = true
+  return e, probe
+end

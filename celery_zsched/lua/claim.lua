@@ -6,6 +6,9 @@
 -- worker's start (start.lua) turns it into a running execution with a short
 -- lease. Backpressure: at most ARGV[3] occurrences may be queued and not yet
 -- started; past that, due jobs stay in the schedule instead of the broker.
+-- Pacing (ARGV[4]): a due job whose domain's gate is closed, whose domain is at
+-- its cap, or whose breaker is open is not claimed; it moves to the next free
+-- slot of its domain (the same occurrence, a later due time) and counts as held.
 --
 -- KEYS[1] schedule  zset  id -> due ms
 -- KEYS[2] queued    zset  id -> delivery deadline ms (published, not started)
@@ -13,10 +16,13 @@
 -- KEYS[4] state     hash  id -> runtime state (cjson)
 -- KEYS[5] defs      hash  id -> definition JSON
 -- KEYS[6] counters  hash  global counters
+-- KEYS[7] domains      hash  domain -> learned pacing state (cjson)
+-- KEYS[8] domain_conf  hash  domain -> operator overrides (cjson)
 -- ARGV[1] most jobs to claim
 -- ARGV[2] delivery deadline, ms from now
 -- ARGV[3] most occurrences queued and not started (backpressure bound)
--- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, queued slots left,
+-- ARGV[4] pacing settings JSON ("" = pacing off)
+-- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, queued slots left, held,
 --          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms}
 local schedule, queued, leases, state, defs, counters =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -24,36 +30,102 @@ local now = now_ms()
 local deliver_by = now + tonumber(ARGV[2])
 local room = tonumber(ARGV[3]) - redis.call("ZCARD", queued)
 local limit = math.min(tonumber(ARGV[1]), room)
+local P = pacing_config(ARGV[4])
+local domain, flush_domains, preload_domains = domain_cache(KEYS[7], KEYS[8])
 
-local out = {now, -1, -1, 0}
-local claimed = 0
+-- nil when job ``id`` (due at ``score``) may go now, and its grant is recorded;
+-- else the time it is held back to.
+local function pace(e, st, id, score)
+  local s, delay = e.rec, domain_delay(e, P)
+  local cap = e.conf.cap or P.cap
+  if s.b == "open" then
+    if now < (s.bo or 0) then return domain_reserve(e, s.bo, delay) end
+    s.b, s.pj, e.dirty = "half", nil, true
+  end
+  if s.b == "half" and s.pj then return domain_reserve(e, now + math.max(delay, PACING_RECHECK_MS), delay) end
+  local gate = math.max((s.L or 0) + delay, s.cu or 0)
+  local full = cap > 0 and (s.n or 0) >= cap
+  local owner = st.rv == score
+  if gate <= now and not full and (owner or (s.R or 0) <= now) then
+    s.L, s.n = now, (s.n or 0) + 1
+    if s.b == "half" then s.pj = id end
+    st.fd, st.rv, e.dirty = st.dm, nil, true
+    return nil
+  end
+  local at = math.max(gate, now + 1)
+  if full then
+    -- At its cap, the job goes to the end of the domain's line: the line moves
+    -- one slot per delay, so a domain costs at most one hold per delay however
+    -- many of its jobs wait (bunching them at one re-check time made every
+    -- waiting job come due again at once).
+    return domain_reserve(e, math.max(at, now + math.max(delay, PACING_RECHECK_MS)), delay)
+  end
+  if owner then
+    -- It holds a slot and missed it only by the previous grant's lateness:
+    -- wait for the gate, not for the end of the line.
+    s.h, e.dirty = (s.h or 0) + 1, true
+    return at
+  end
+  return domain_reserve(e, at, delay)
+end
+
+local out = {now, -1, -1, 0, 0}
+local claimed, held = 0, 0
 if limit > 0 then
   local due = redis.call("ZRANGEBYSCORE", schedule, "-inf", now, "WITHSCORES", "LIMIT", 0, limit)
-  for i = 1, #due, 2 do
-    local id, score = due[i], tonumber(due[i + 1])
-    redis.call("ZREM", schedule, id)
-    local def = redis.call("HGET", defs, id)
+  -- One HMGET each for the batch's definitions, states and domains, rather
+  -- than a read per job.
+  local ids = {}
+  for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+  local found_defs, found_states = hmget_all(defs, ids), hmget_all(state, ids)
+  local states, names, seen = {}, {}, {}
+  for k, id in ipairs(ids) do
+    if found_defs[k] then
+      local raw = found_states[k]
+      local st = raw and decode_state(raw) or new_state(tonumber(due[2 * k]))
+      states[k] = st
+      if P and st.dm and not seen[st.dm] then
+        seen[st.dm] = true
+        names[#names + 1] = st.dm
+      end
+    end
+  end
+  preload_domains(names)
+  for first = 1, #ids, CHUNK do
+    redis.call("ZREM", schedule, unpack(ids, first, math.min(#ids, first + CHUNK - 1)))
+  end
+  for k, id in ipairs(ids) do
+    local score = tonumber(due[2 * k])
+    local def, st = found_defs[k], states[k]
     if def then
-      local raw = redis.call("HGET", state, id)
-      local st = raw and decode_state(raw) or new_state(score)
-      st.x = (st.x or 0) + 1
-      st.s, st.due, st.p = "queued", score, now
-      redis.call("ZADD", queued, deliver_by, id)
-      redis.call("HSET", state, id, encode_state(st))
-      claimed = claimed + 1
-      out[#out + 1] = id
-      out[#out + 1] = def
-      out[#out + 1] = st.o
-      out[#out + 1] = st.a
-      out[#out + 1] = st.x
-      out[#out + 1] = score
+      local hold = P and st.dm and pace(domain(st.dm), st, id, score)
+      if hold then
+        st.rv = hold
+        redis.call("ZADD", schedule, hold, id)
+        redis.call("HSET", state, id, encode_state(st))
+        held = held + 1
+      else
+        st.x = (st.x or 0) + 1
+        st.s, st.due, st.p = "queued", score, now
+        redis.call("ZADD", queued, deliver_by, id)
+        redis.call("HSET", state, id, encode_state(st))
+        claimed = claimed + 1
+        out[#out + 1] = id
+        out[#out + 1] = def
+        out[#out + 1] = st.o
+        out[#out + 1] = st.a
+        out[#out + 1] = st.x
+        out[#out + 1] = score
+      end
     else
       redis.call("HDEL", state, id)
     end
   end
 end
 if claimed > 0 then redis.call("HINCRBY", counters, "promoted", claimed) end
-out[4] = math.max(0, room - claimed)
+if held > 0 then redis.call("HINCRBY", counters, "held", held) end
+flush_domains()
+out[4], out[5] = math.max(0, room - claimed), held
 local nd = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
 if nd[2] then out[2] = tonumber(nd[2]) end
 local nq = redis.call("ZRANGE", queued, 0, 0, "WITHSCORES")

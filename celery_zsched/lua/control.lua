@@ -13,7 +13,12 @@
 -- KEYS[6] dead      zset  dead-lettered ids
 -- KEYS[7] static    set   ids from beat_schedule
 -- KEYS[8] queued    zset  id -> delivery deadline ms
--- ARGV[1] operation: pause | resume | run_now | delete | reset
+-- ARGV[1] operation: pause | resume | run_now | delete | reset | requeue | purge
+--   requeue and purge act on dead letters only (ids in the dead set): a job
+--   another operator requeued or resumed a moment ago is left as it is.
+--   requeue: unpaused and due now, crash, attempt and failure streak counters
+--   reset (all-time failures and the last error are kept as history);
+--   purge: the dead letter is dropped and the job kept, paused.
 -- ARGV[2..] groups of 2: id, due ms (resume: the next run, "" once the job has
 --           ended; others ignore it)
 -- Returns {changed, then the ids that were not found}
@@ -75,6 +80,20 @@ for i = 2, #ARGV, 2 do
         end
       end
       changed = true
+    elseif op == "requeue" or op == "purge" then
+      if not in_flight and redis.call("ZREM", dead, id) == 1 then
+        st.d, st.a, st.x, st.c = 0, 1, 0, 0
+        if op == "requeue" then
+          redis.call("SREM", paused, id)
+          redis.call("ZADD", schedule, now, id)
+          st.o, st.s = now, "scheduled"
+        else
+          redis.call("SADD", paused, id)
+          redis.call("ZREM", schedule, id)
+          st.s = "paused"
+        end
+        changed = true
+      end
     else
       return redis.error_reply("unknown operation " .. op)
     end

@@ -24,6 +24,8 @@
 -- KEYS[6] defs      hash  id -> definition JSON
 -- KEYS[7] counters  hash  global counters
 -- KEYS[8] workers   zset  worker name -> last heartbeat ms
+-- KEYS[9] domains   hash  domain -> learned pacing state (an occurrence that
+--                         leaves flight here frees its domain's slot)
 -- ARGV[1] most entries to look at, per deadline kind
 -- ARGV[2] crashed executions of one occurrence before it is dead-lettered
 -- ARGV[3] delivery deadline, ms
@@ -38,16 +40,22 @@ local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {0, 0, 0, 0, 0}
 
+local domain, flush_domains = domain_cache(KEYS[9], nil)
+
 -- The state of a live job, or nil (forgetting the state of a deleted one).
 local function live_state(id)
   local raw = redis.call("HGET", state, id)
   if raw and redis.call("HEXISTS", defs, id) == 1 then return decode_state(raw) end
-  if raw then redis.call("HDEL", state, id) end
+  if raw then
+    domain_land(domain, decode_state(raw), id)
+    redis.call("HDEL", state, id)
+  end
   return nil
 end
 
 local function reschedule(id, st)
   st.s = "scheduled"
+  domain_land(domain, st, id)
   redis.call("ZADD", schedule, st.due or now, id)
 end
 
@@ -63,6 +71,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
     st.d = (st.d or 0) + 1
     if st.d >= max_deliveries then
       st.s = "dead"
+      domain_land(domain, st, id)
       redis.call("ZADD", dead, now, id)
       out[2] = out[2] + 1
     else
@@ -96,6 +105,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0,
     out[#out + 1] = id
   end
 end
+flush_domains()
 if out[1] > 0 then redis.call("HINCRBY", counters, "redelivered", out[1]) end
 if out[2] > 0 then redis.call("HINCRBY", counters, "dead", out[2]) end
 if out[3] > 0 then redis.call("HINCRBY", counters, "lost", out[3]) end

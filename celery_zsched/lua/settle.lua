@@ -13,6 +13,8 @@
 -- KEYS[6] events    stream settle events
 -- KEYS[7] counters  hash   global counters
 -- KEYS[8] queued    zset   id -> delivery deadline ms
+-- KEYS[9] domains      hash  domain -> learned pacing state (cjson)
+-- KEYS[10] domain_conf hash  domain -> operator overrides (cjson)
 -- ARGV[1]  job id
 -- ARGV[2]  occurrence being settled
 -- ARGV[3]  attempt being settled
@@ -26,6 +28,9 @@
 -- ARGV[11] max_runs (0 = unlimited)
 -- ARGV[12] approximate cap of the events stream
 -- ARGV[13] event payload JSON (task id, timings)
+-- ARGV[14] HTTP status the task reported ("" = none)
+-- ARGV[15] Retry-After the task reported, ms ("" = none)
+-- ARGV[16] pacing settings JSON ("" = pacing off: only the in-flight count moves)
 -- Returns {"ok", new status, now} | {"stale"} | {"changed"} | {"deleted"}
 local schedule, leases, state, defs, paused, events, counters, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -44,6 +49,51 @@ local deleted = redis.call("HEXISTS", defs, id) == 0
 if not deleted and st.g ~= nil and st.g ~= ARGV[10] then return {"changed"} end
 
 local now = now_ms()
+
+-- What the outcome teaches about the domain: a Retry-After closes its gate, a
+-- bare 429 multiplies its delay, a success walks the delay back toward the
+-- base (AIMD); failures over the window may open the breaker, and the probe's
+-- outcome closes or re-opens it.
+local function learn(e, P, probe)
+  local s, failed = e.rec, outcome == "error"
+  local status, retry_after = tonumber(ARGV[14]), tonumber(ARGV[15])
+  local base = e.conf.delay or P.delay
+  if status == 429 then s.t4, s.t4n = now, (s.t4n or 0) + 1 end
+  if retry_after and retry_after > 0 and (status == 429 or status == 503) then
+    s.cu = math.max(s.cu or 0, now + retry_after)
+  elseif status == 429 and e.conf.adaptive ~= false then
+    -- From at least 1 s: doubling a zero delay would never slow anything.
+    s.d = math.min(math.max(domain_delay(e, P), 1000) * P.factor, P.max)
+  elseif not failed and s.d then
+    s.d = s.d - P.dec
+    if s.d <= base then s.d = nil end
+  end
+  if failed then s.tf = (s.tf or 0) + 1 else s.tc = (s.tc or 0) + 1 end
+  -- A 429 says the site is up and wants less: the delay and the Retry-After
+  -- gate answer it. The breaker is for sites that are down.
+  local down = failed and status ~= 429
+  if now - (s.w or 0) >= P.window then s.w, s.wo, s.wf = now, 0, 0 end
+  if down then s.wf = (s.wf or 0) + 1 elseif status ~= 429 then s.wo = (s.wo or 0) + 1 end
+  if probe then
+    if down then
+      s.b, s.bo = "open", now + P.cool
+    else
+      s.b, s.bo, s.w, s.wo, s.wf = nil, nil, now, 0, 0
+    end
+  elseif not s.b then
+    local total = s.wo + s.wf
+    if total >= P.min and s.wf / total >= P.ratio then s.b, s.bo, s.pj = "open", now + P.cool, nil end
+  end
+end
+
+if st.fd then
+  local domain, flush = domain_cache(KEYS[9], KEYS[10])
+  local e, probe = domain_land(domain, st, id)
+  local P = pacing_config(ARGV[16])
+  if P and outcome ~= "skip" then learn(e, P, probe) end
+  flush()
+end
+
 redis.call("ZREM", leases, id)
 redis.call("ZREM", queued, id)
 redis.call("ZREM", schedule, id)

@@ -11,12 +11,19 @@
 -- KEYS[3] leases    zset  id -> execution lease deadline ms
 -- KEYS[4] schedule  zset  id -> due ms
 -- KEYS[5] counters  hash  global counters
+-- KEYS[6] domains      hash  domain -> learned pacing state (cjson)
+-- KEYS[7] domain_conf  hash  domain -> operator overrides (cjson)
 -- ARGV[1] job id
 -- ARGV[2] occurrence
 -- ARGV[3] attempt
 -- ARGV[4] execution lease, ms from now
 -- ARGV[5] expiry, ms after promotion ("" = never expires)
+-- ARGV[6] pacing settings JSON ("" = pacing off)
+-- ARGV[7] longest wait for the domain's gate the worker sits out, ms
 -- Returns {"ok", now, due_ms, promoted_ms} | {"expired", now, promoted_ms}
+--       | {"wait", ms}: the domain's start gate opens in ms; start again then
+--       | {"deferred", due_ms}: the gate stays closed longer (Retry-After, an
+--         open breaker); the occurrence went back to the schedule, out of flight
 --       | {"duplicate", status} | {"stale", status} | {"gone", ""}  (these three count
 --         as "duplicates": deliveries that did not run)
 local state, queued, leases, schedule, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -40,6 +47,47 @@ local now = now_ms()
 local promoted = st.p or now
 if ARGV[5] ~= "" and now > promoted + tonumber(ARGV[5]) then
   return {"expired", now, promoted}
+end
+-- Claims are spaced at the domain's delay, but messages wait in the broker for
+-- different times: the gate is checked again here, on starts, so the requests
+-- themselves are spaced (and a gate a 429 closed after the claim holds too).
+local P = pacing_config(ARGV[6])
+if P and st.fd then
+  local domain, flush = domain_cache(KEYS[6], KEYS[7])
+  local e = domain(st.fd)
+  local s, delay = e.rec, domain_delay(e, P)
+  -- The margin absorbs the worker's own path from this start to its socket,
+  -- so the site sees gaps of at least the delay.
+  local gate = math.max((s.S or 0) + delay + (P.margin or 0), s.cu or 0)
+  local behind_probe = false
+  if s.b == "open" and now < (s.bo or 0) then
+    gate = math.max(gate, s.bo)
+  elseif s.b == "open" then
+    s.b, s.pj = "half", nil
+  end
+  -- Half-open lets exactly one request through: the probe the claim chose, or
+  -- this one if none is out. A message claimed before the breaker opened waits.
+  if s.b == "half" then
+    if s.pj == nil then
+      s.pj = id
+    elseif s.pj ~= id then
+      behind_probe, gate = true, math.max(gate, now + math.max(delay, PACING_RECHECK_MS))
+    end
+  end
+  if gate > now then
+    if not behind_probe and gate - now <= tonumber(ARGV[7]) then return {"wait", gate - now} end
+    domain_land(domain, st, id)
+    local at = domain_reserve(e, gate, delay)
+    st.s, st.rv, st.x = "scheduled", at, math.max(0, (st.x or 1) - 1)
+    redis.call("ZREM", queued, id)
+    redis.call("ZADD", schedule, at, id)
+    redis.call("HSET", state, id, encode_state(st))
+    redis.call("HINCRBY", counters, "deferred", 1)
+    flush()
+    return {"deferred", at}
+  end
+  s.S, e.dirty = now, true
+  flush()
 end
 redis.call("ZREM", queued, id)
 redis.call("ZREM", schedule, id)

@@ -12,19 +12,20 @@
 -- KEYS[6] static    set   ids that come from beat_schedule
 -- KEYS[7] queued    zset  id -> delivery deadline ms
 -- ARGV[1] "1" to mark every job as static, else "0"
--- ARGV[2..] groups of 6: id, definition JSON, first due ms ("" = none),
+-- ARGV[2..] groups of 7: id, definition JSON, first due ms ("" = none),
 --           enabled ("1"/"0"), timing signature, least ms from the job's last
 --           run to a rescheduled run ("" = no floor; interval jobs: interval +
---           jitter, so an edit or a resume never makes a job run early)
+--           jitter, so an edit or a resume never makes a job run early), and
+--           the domain it is paced under ("" = not paced)
 -- Returns {created, updated, rescheduled}
 local defs, schedule, leases, state, paused, static, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local mark_static = ARGV[1] == "1"
 local created, updated, rescheduled = 0, 0, 0
 
-for i = 2, #ARGV, 6 do
+for i = 2, #ARGV, 7 do
   local id, def, due, enabled, sig = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] == "1", ARGV[i + 4]
-  local gap = ARGV[i + 5]
+  local gap, dm = ARGV[i + 5], ARGV[i + 6]
   local is_new = redis.call("HSET", defs, id, def) == 1
   if mark_static then redis.call("SADD", static, id) end
   local raw = redis.call("HGET", state, id)
@@ -68,6 +69,8 @@ for i = 2, #ARGV, 6 do
     end
     st.g = sig
   end
+  -- The claim paces by this; an occurrence in flight keeps its own (fd) until it lands.
+  if dm ~= "" then st.dm = dm else st.dm = nil end
   redis.call("HSET", state, id, encode_state(st))
 end
 return {created, updated, rescheduled}

@@ -20,7 +20,9 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-a-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+# The fake sites answer on loopback addresses besides 127.0.0.1 (scrapers/hosts.py):
+# allow the whole 127.0.0.x range rather than keep two lists in step.
+ALLOWED_HOSTS = ["localhost", "testserver", *(f"127.0.0.{i}" for i in range(1, 255))]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -117,6 +119,18 @@ CELERY_ZSCHED_DEFAULT_TASK = "scrapers.tasks.scrape"
 # Short retries, so the demo's failing targets show their backoff within minutes.
 CELERY_ZSCHED_RETRY_BASE_S = 10.0
 CELERY_ZSCHED_RETRY_MAX = 2
+# Politeness: each site (the host of a job's URL) gets at most one request in
+# flight and one second between two request starts, however many of its jobs
+# are due. Its 429s, Retry-After and failures slow it down further or open its
+# breaker; see `celery -A proj zsched domains`. The env (ZSCHED_PACING=0, ...)
+# overrides these, as every zsched setting.
+CELERY_ZSCHED_PACING = True
+CELERY_ZSCHED_DOMAIN_DELAY_S = 1.0
+CELERY_ZSCHED_DOMAIN_MAX_IN_FLIGHT = 1
+# A site's breaker opens when 80 % of its requests in a minute failed (default
+# 50 %). A site that is down fails nearly all; a healthy one whose few broken
+# pages fail and retry in a burst (three tries each) can pass 50 % for a minute.
+CELERY_ZSCHED_BREAKER_RATIO = 0.8
 
 # Static entries are imported into the zsched store when beat starts, so the
 # maintenance tasks run through the same scheduler as the scrape jobs.

@@ -11,4 +11,5 @@ urlpatterns = [
     path("slow/<int:n>.xml", views.slow, name="target-slow"),
     path("error/<int:n>.xml", views.error, name="target-error"),
     path("ratelimited/<int:n>.xml", views.ratelimited, name="target-ratelimited"),
+    path("flaky/<int:n>.xml", views.flaky, name="target-flaky"),
 ]

@@ -1,27 +1,51 @@
-"""Local scrape targets: fake RSS feeds that answer fast, slowly, with 500 or with 429."""
+"""Local scrape targets: fake RSS feeds that answer fast, slowly, with 500, 429 or 503.
+
+``serve_targets`` serves them on the loopback hosts of :mod:`scrapers.hosts`,
+so each problem target is a site of its own to the scheduler's pacing.
+"""
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 import time
 from datetime import datetime, timezone
 
 from django.http import HttpRequest, HttpResponse
 
-#: The ``Retry-After`` a rate-limited feed sends (seconds).
-RETRY_AFTER_S = 45
+#: The ``Retry-After`` a rate-limited answer sends (seconds): short, so the
+#: closed gate opens and closes again while you watch ``zsched domains``.
+RETRY_AFTER_S = 10
+#: How long the flaky target is down after the server process starts (s):
+#: long enough for its site's breaker to open and probe again at least once.
+FLAKY_FOR_S = float(os.environ.get("SCRAPERS_FLAKY_S", "120"))
+
+# Read when the server imports this module: runserver's checks and
+# serve_targets both load the URLconf at start-up, so this is the process start.
+_STARTED = time.monotonic()
+#: The rate-limited target answers every this many-th request with 429. A 429
+#: is a failed request to the breaker too: one in two stays below the project's
+#: breaker ratio (0.8), so this site shows throttling alone.
+RATELIMIT_EVERY = 2
+# Requests the rate-limited target has answered; the lock keeps the count
+# exact under a thread per request.
+_ratelimited_lock = threading.Lock()
+_ratelimited_count = 0
 
 
-def _rss(n: int, items: int = 10) -> str:
+def _rss(request: HttpRequest, n: int, items: int = 10) -> str:
     now = datetime.now(timezone.utc).strftime("%a, %d %b %Y %H:%M:%S +0000")
+    # Links on the host that was asked: the feeds live on several loopback hosts.
+    site = f"http://{request.get_host()}"
     entries = "".join(
         f"<item><title>Feed {n} item {i}</title>"
-        f"<link>http://127.0.0.1:8000/targets/feed/{n}.xml#{i}</link>"
+        f"<link>{site}/targets/feed/{n}.xml#{i}</link>"
         f"<pubDate>{now}</pubDate></item>"
         for i in range(items)
     )
     return (f'<?xml version="1.0"?><rss version="2.0"><channel><title>Feed {n}</title>'
-            f"<link>http://127.0.0.1:8000/</link><description>fake feed</description>"
+            f"<link>{site}/</link><description>fake feed</description>"
             f"{entries}</channel></rss>")
 
 
@@ -31,13 +55,13 @@ def _xml(body: str, status: int = 200) -> HttpResponse:
 
 def feed(request: HttpRequest, n: int) -> HttpResponse:
     """A healthy feed: 200 with a few items."""
-    return _xml(_rss(n))
+    return _xml(_rss(request, n))
 
 
 def slow(request: HttpRequest, n: int) -> HttpResponse:
     """A sluggish feed: 200 after 1-3 s (shows duration_ms in the run history)."""
     time.sleep(random.uniform(1.0, 3.0))
-    return _xml(_rss(n))
+    return _xml(_rss(request, n))
 
 
 def error(request: HttpRequest, n: int) -> HttpResponse:
@@ -46,7 +70,26 @@ def error(request: HttpRequest, n: int) -> HttpResponse:
 
 
 def ratelimited(request: HttpRequest, n: int) -> HttpResponse:
-    """A rate-limited feed: 429 with ``Retry-After``, honoured by the retry."""
+    """A rate-limited site: every other request (the 2nd, 4th, ...) is a 429 with
+    ``Retry-After``, which closes the site's gate for that long; the others are 200."""
+    global _ratelimited_count
+    with _ratelimited_lock:
+        _ratelimited_count += 1
+        limited = _ratelimited_count % RATELIMIT_EVERY == 0
+    if not limited:
+        return _xml(_rss(request, n))
     response = _xml("<error>slow down</error>", status=429)
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+def flaky(request: HttpRequest, n: int) -> HttpResponse:
+    """A site that is down, then recovers: 503 without ``Retry-After`` for the first
+    :data:`FLAKY_FOR_S` seconds of the server process, 200 after.
+
+    No ``Retry-After``: nothing says when to come back, so the failures count
+    towards the site's breaker, which opens and then probes until it recovers.
+    """
+    if time.monotonic() - _STARTED < FLAKY_FOR_S:
+        return _xml("<error>service unavailable</error>", status=503)
+    return _xml(_rss(request, n))

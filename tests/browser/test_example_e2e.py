@@ -1,9 +1,14 @@
 """The example project end to end: real runserver, worker and beat on a throwaway Redis.
 
 Jobs imported with ``manage.py zsched_import`` fire against the project's own
-fake feeds (served by ``runserver``), the worker settles them, ``manage.py
-zsched_drain`` copies the history into SQLite, and the admin's change page
-(Django's test client, inside the project) shows the runs.
+fake feeds (served by ``runserver`` and, on more loopback hosts, by ``manage.py
+serve_targets``), the worker settles them, ``manage.py zsched_drain`` copies
+the history into SQLite, and the admin's change page (Django's test client,
+inside the project) shows the runs.
+
+The project paces requests per domain (one a second, one in flight), as the
+demo does: each failing target has a host of its own, so a 429's closed gate
+holds back only its own jobs, not the feeds'.
 """
 
 from __future__ import annotations
@@ -101,27 +106,32 @@ def procs(tmp_path: Path, redis_server: Any) -> Iterator[Procs]:
         redis.Redis.from_url(redis_url).flushdb()
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30,
+                  host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port}")
+    raise AssertionError(f"nothing listens on {host}:{port}")
 
 
 def test_imported_jobs_fire_and_their_runs_show_in_the_admin(procs: Procs,
                                                              tmp_path: Path) -> None:
     started = time.monotonic()
     port = free_port()
-    base = f"http://127.0.0.1:{port}/targets"
+    # One site per job: runserver's 127.0.0.1 and three hosts of serve_targets.
+    hosts = {"feed": "127.0.0.10", "error": "127.0.0.11", "ratelimited": "127.0.0.2"}
     jobs = [
-        {"url": f"{base}/feed/1.xml", "name": "Feed 1", "interval_s": 2, "meta": {"feed": 1}},
-        {"url": f"{base}/feed/2.xml", "name": "Feed 2", "interval_s": 3},
-        {"url": f"{base}/error/3.xml", "name": "Broken feed 3", "interval_s": 2,
-         "retry_max": 1},
-        {"url": f"{base}/ratelimited/4.xml", "name": "Rate-limited feed 4", "interval_s": 2},
+        {"url": f"http://127.0.0.1:{port}/targets/feed/1.xml", "name": "Feed 1",
+         "interval_s": 2, "meta": {"feed": 1}},
+        {"url": f"http://{hosts['feed']}:{port}/targets/feed/2.xml", "name": "Feed 2",
+         "interval_s": 3},
+        {"url": f"http://{hosts['error']}:{port}/targets/error/3.xml", "name": "Broken feed 3",
+         "interval_s": 2, "retry_max": 1},
+        {"url": f"http://{hosts['ratelimited']}:{port}/targets/ratelimited/4.xml",
+         "name": "Rate-limited feed 4", "interval_s": 2},
     ]
     jobs_file = tmp_path / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
@@ -131,6 +141,10 @@ def test_imported_jobs_fire_and_their_runs_show_in_the_admin(procs: Procs,
     runserver = procs.start("runserver", "manage.py", "runserver", f"127.0.0.1:{port}",
                             "--noreload")
     wait_for_port(port, runserver)
+    targets = procs.start("targets", "manage.py", "serve_targets", "--port", str(port),
+                          "--hosts", *hosts.values())
+    for host in hosts.values():
+        wait_for_port(port, targets, host=host)
     procs.start("worker", "-m", "celery", "-A", "proj", "worker", "-l", "info", "-P", "threads",
                 "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat")
     procs.start("beat", "-m", "celery", "-A", "proj", "beat", "-S", "celery_zsched", "-l",
@@ -138,16 +152,25 @@ def test_imported_jobs_fire_and_their_runs_show_in_the_admin(procs: Procs,
 
     store = Store.from_settings(Settings(redis_url=procs.env["REDIS_URL"]))
     deadline = time.monotonic() + 60
+    waiting = time.monotonic()
     totals: dict[str, int] = {}
     while time.monotonic() < deadline:
         stats = store.stats()
         totals = {k: v for k, v in stats.items() if k.startswith("total_")}
-        # Both feeds twice, and the two failing targets at least once each.
-        if totals.get("total_complete", 0) >= 4 and totals.get("total_error", 0) >= 2:
+        # Both feeds twice, the two failing targets at least once each, and the
+        # rate-limited site's 429 counted under its own domain by the pacing.
+        limited_site = store.domain(hosts["ratelimited"])
+        if (totals.get("total_complete", 0) >= 4 and totals.get("total_error", 0) >= 2
+                and limited_site.throttled_429 >= 1):
             break
         time.sleep(0.5)
     else:
         pytest.fail(f"jobs did not fire in time: {totals}\n{procs.tail()}")
+    fired = time.monotonic() - waiting
+    # A site's trouble stays its own: the healthy feed's domain has completed
+    # runs and no 429 of the rate-limited one.
+    feed_site = store.domain(hosts["feed"])
+    assert feed_site.completed >= 1 and feed_site.throttled_429 == 0, feed_site
     procs.stop("beat")
     procs.stop("worker")
     store.client.close()
@@ -162,8 +185,9 @@ def test_imported_jobs_fire_and_their_runs_show_in_the_admin(procs: Procs,
     assert feed["runs"] >= 2, drained
     assert feed["html"].count('class="zsched-badge zsched-complete"') >= 2
     broken = pages["error/3.xml"]
-    assert broken["runs"] >= 1 and "TargetError: HTTP 500 from" in broken["html"]
+    assert broken["runs"] >= 1 and "JobFailed: HTTP 500 from" in broken["html"]
     limited = pages["ratelimited/4.xml"]
     assert limited["runs"] >= 1 and "HTTP 429 from" in limited["html"]
-    print(f"\nexample project end to end in {time.monotonic() - started:.1f}s: {totals}; "
+    print(f"\nexample project end to end in {time.monotonic() - started:.1f}s "
+          f"(runs for {fired:.1f}s): {totals}; "
           f"runs per job: { {k: v['runs'] for k, v in pages.items()} }")

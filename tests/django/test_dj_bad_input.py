@@ -240,7 +240,7 @@ def test_a_failed_full_clean_changes_nothing_that_save_could_then_store(field: s
      "file: malformed JSON at line 3: nested too deeply"),
     ('[\n{"url": "http://[::1"},\n{"id": "b", "task": "t", "interval_s": 1' + "0" * 400
      + '},\n{"id": "c", "task": "t", "cron": "0 9 * * *", "timezone": "Europe"}\n]',
-     "row 2: url: must be an absolute http(s) URL"),
+     "job 1 (url 'http://[::1'): url: must be an absolute http(s) URL"),
 ], ids=["deep", "rows"])
 def test_zsched_import_reports_each_crash_as_a_command_error(tmp_path: Any, text: str,
                                                              message: str) -> None:

@@ -100,23 +100,25 @@ def test_import_is_staggered_in_redis_and_shows_progress(tmp_path: Path, zstore:
     assert len(dues) == 100 and dues[-1] - dues[0] >= 50_000
 
 
-@pytest.mark.parametrize(("name", "text", "line"), [
+@pytest.mark.parametrize(("name", "text", "where"), [
     ("bad.json", '[\n {"url": "http://127.0.0.1:1/a"},\n {"url": "http://127.0.0.1:1/b",'
-                 ' "cron": "99 * * * *"},\n {"url": "http://127.0.0.1:1/c"}\n]', 3),
+                 ' "cron": "99 * * * *"},\n {"url": "http://127.0.0.1:1/c"}\n]',
+     "job 2 (url 'http://127.0.0.1:1/b'):"),
     ("bad.csv", "url,interval_s\nhttp://127.0.0.1:1/a,60\nhttp://127.0.0.1:1/b,-5\n"
-                "http://127.0.0.1:1/c,60\n", 3),
-    ("bad.jsonl", '{"url": "http://127.0.0.1:1/a"}\n{"url": "nope"}\n', 2),
+                "http://127.0.0.1:1/c,60\n", "job 2 (line 3, url 'http://127.0.0.1:1/b'):"),
+    ("bad.jsonl", '{"url": "http://127.0.0.1:1/a"}\n{"url": "nope"}\n',
+     "job 2 (line 2, url 'nope'):"),
 ])
-def test_a_bad_row_is_reported_by_line_and_nothing_is_written(
+def test_a_bad_row_is_reported_by_job_and_nothing_is_written(
         tmp_path: Path, zstore: Store, rclient: redis.Redis,
-        make_row: Callable[..., ZSchedJob], name: str, text: str, line: int) -> None:
+        make_row: Callable[..., ZSchedJob], name: str, text: str, where: str) -> None:
     make_row(99)
     before_db, before_redis = _definitions(), _redis_snapshot(rclient, zstore)
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(CommandError) as info:
         _run("zsched_import", "--file", str(path))
-    assert f"row {line}:" in str(info.value)
+    assert where in str(info.value)
     assert "nothing was written" in str(info.value)
     assert _definitions() == before_db
     assert _redis_snapshot(rclient, zstore) == before_redis
@@ -137,7 +139,7 @@ def test_skip_invalid_imports_the_good_rows_and_reports_the_bad(tmp_path: Path,
     out, _err = _run("zsched_import", "--skip-invalid", "--file",
                      str(_write(tmp_path / "a.json", rows)))
     assert "valid: 2, invalid (skipped): 1" in out
-    assert "row 6: timezone" in out  # indent=1: the second object starts on line 6
+    assert "job 2 (url 'http://127.0.0.1:1/page/1'): timezone" in out
     assert ZSchedJob.objects.count() == 2 == zstore.stats()["jobs"]
 
 
@@ -203,6 +205,22 @@ def test_zsched_drain_and_stats_commands(zstore: Store,
     assert stats["window"]["source"] == "run history"
     text, _err = _run("zsched_stats")
     assert "lateness_ms: p50 7" in text and "Dead letters: 0" in text
+
+
+def test_verbosity_0_silences_the_summaries(tmp_path: Path, zstore: Store) -> None:
+    """``-v 0``: import, sync, drain and export print nothing when all goes well."""
+    path = _write(tmp_path / "a.jsonl", _rows(3))
+    assert _run("zsched_import", "-v", "0", "--file", str(path)) == ("", "")
+    assert ZSchedJob.objects.count() == 3 == zstore.stats()["jobs"]
+    assert _run("zsched_sync", "-v", "0") == ("", "")
+    assert _run("zsched_drain", "-v", "0") == ("", "")
+    assert _run("zsched_export", "-v", "0", "--file", str(tmp_path / "out.json")) == ("", "")
+    assert len(json.loads((tmp_path / "out.json").read_text("utf-8"))) == 3
+    # At the default verbosity each still reports what it did.
+    assert _run("zsched_sync")[0]
+    assert _run("zsched_drain")[0].startswith("read ")
+    assert _run("zsched_export", "--file", str(tmp_path / "out.json"))[1].startswith(
+        "exported 3 job(s)")
 
 
 def test_stats_fall_back_to_the_event_stream(zstore: Store,

@@ -19,6 +19,7 @@ from celery import Celery, Task
 
 import celery_zsched.worker  # installs the settle hooks
 from celery_zsched.errors import JobFailed
+from celery_zsched.http_status import parse_retry_after
 
 from .names import (
     ENV_BEAT_SCHEDULE,
@@ -56,8 +57,18 @@ if os.environ.get(ENV_VISIBILITY_TIMEOUT_S):
         "unacked_mutex_expire": 5}
 
 
-class TargetError(Exception):
-    """The scrape target answered with a server error (HTTP 5xx)."""
+class TargetError(JobFailed):
+    """The scrape target answered with a server error (HTTP 5xx).
+
+    A :class:`JobFailed`, so it carries the status and the ``Retry-After`` (a
+    503 may send one) that pacing learns from; its own name keeps the error
+    text ("TargetError: HTTP 500 ...") telling a target's failure from others.
+    """
+
+
+def _retry_after(headers: Any) -> float | None:
+    # A missing, unparsable or zero Retry-After means "none": the retry policy decides.
+    return parse_retry_after(headers.get("Retry-After")) or None
 
 
 def _with_task_id(url: str, task_id: str) -> str:
@@ -70,6 +81,10 @@ def _with_task_id(url: str, task_id: str) -> str:
 @app.task(name=SCRAPE_TASK, bind=True)
 def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -> int:
     """Fetch ``url`` (tagged with this task's id and worker); a 5xx raises, a 429 reports a retry.
+
+    Every outcome carries the HTTP status (and a 429's or 5xx's ``Retry-After``),
+    as pacing needs it: an answer below 500 other than 429 completes with
+    ``report("complete", status=...)``, a 5xx raises :class:`TargetError`.
 
     ``meta["on_429"]`` chooses how a 429 is reported: ``"report"`` calls
     :func:`celery_zsched.worker.report` and returns normally, ``"raise"`` raises
@@ -85,15 +100,20 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
             resp.read()
             status = int(resp.status)
     except urllib.error.HTTPError as exc:
+        retry_after = _retry_after(exc.headers)
         if exc.code == 429:
-            retry_after = float(exc.headers.get("Retry-After") or 0) or None
             if meta.get("on_429") == "raise":
-                raise JobFailed(f"HTTP 429 from {url}", retry_after=retry_after) from None
-            celery_zsched.worker.report("error", error="HTTP 429", retry_after=retry_after)
+                raise JobFailed(f"HTTP 429 from {url}", retry_after=retry_after,
+                                status=429) from None
+            celery_zsched.worker.report("error", error="HTTP 429", retry_after=retry_after,
+                                        status=429)
             return exc.code
         if exc.code >= 500:
-            raise TargetError(f"HTTP {exc.code} from {url}") from None
+            raise TargetError(f"HTTP {exc.code} from {url}", retry_after=retry_after,
+                              status=exc.code) from None
+        celery_zsched.worker.report("complete", status=exc.code)
         return exc.code
     if meta.get("celery_retry_s") and not self.request.retries:
         raise self.retry(countdown=float(meta["celery_retry_s"]))
+    celery_zsched.worker.report("complete", status=status)
     return status

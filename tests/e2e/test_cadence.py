@@ -82,6 +82,33 @@ def test_a_429_reported_by_the_task_is_retried_after_its_retry_after(
     assert json.loads(first["data"])["task_id"] == target.hits(path)[0].task_id
 
 
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_raised_job_failed_is_one_warning_line_not_an_error_with_a_traceback(
+        deploy: Callable[..., Deployment], target: TargetServer, pool: str) -> None:
+    """A documented ``JobFailed`` (HTTP 429 with retry_after) is no bug: no ERROR, no traceback.
+
+    Celery logs it as expected (``Task.throws``, set at worker_init: in the
+    prefork children too); the settle logs one ``job_error`` WARNING line.
+    """
+    d = deploy(retry_base_s=10, retry_max=3)
+    path = f"/429/logged-{pool}"
+    job = d.job(url=target.url(path + "?after=2"), interval_s=60, meta={"on_429": "raise"})
+    d.store.upsert(job)
+    d.start_beat()
+    worker = d.start_worker(pool=pool)
+
+    d.wait_info(job.id, lambda i: i.state.failures >= 2, 30, "2 failures settled")
+
+    log = worker.text()
+    assert "Traceback" not in log, log
+    assert "ERROR/" not in log and "raised unexpected" not in log, log
+    warnings = [line for line in log.splitlines()
+                if "WARNING/" in line and "job_error" in line and job.id in line]
+    assert len(warnings) >= 2, log
+    assert all("JobFailed: HTTP 429" in line for line in warnings), warnings
+    assert "raised expected: JobFailed(" in log, log
+
+
 def test_static_beat_schedule_entries_run_and_leave_the_store_when_removed_from_config(
         deploy: Callable[..., Deployment], target: TargetServer) -> None:
     d = deploy()

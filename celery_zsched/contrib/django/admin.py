@@ -31,13 +31,18 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from celery_zsched.errors import JobNotFound, StoreUnavailable
+from celery_zsched.errors import JobNotFound, StoreUnavailable, ValidationError
+from celery_zsched.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
 from celery_zsched.timing import ms_to_dt
 
 from .conf import get_store
+from .dead_admin import DeadLetterAdminViews
+from .domains_admin import DomainAdminViews
 from .forms import ZSchedJobForm
 from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
+from .preview_admin import COUNT, fires_html, preview_url
+from .preview_admin import urls as preview_urls
 
 #: Attribute of a row instance that holds its live Redis state for this request.
 #: Set per instance (never on the shared ModelAdmin), so concurrent requests
@@ -398,21 +403,27 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         _make_action("reset_failures", "Reset failures of selected jobs"),
     )
     inlines = (RecentRunsInline,)
+
+    class Media:
+        # Live next fire times as the timing is edited (a static file of this app).
+        js = ("zsched/job_preview.js",)
+
     # Its JSON fields report nesting too deep and 5000-digit numbers as field
     # errors, where Django's would answer with a server error.
     form = ZSchedJobForm
     radio_fields: ClassVar[dict[str, int]] = {"day_rule": admin.VERTICAL}
-    readonly_fields = ("schedule_words", "next_run_detail", "redis_state", "last_outcome",
-                       "last_error_full", "last_run_at", "run_count", "failure_count",
-                       "consecutive_failures", "kind", "created_at", "updated_at")
+    readonly_fields = ("schedule_words", "next_fires", "next_run_detail", "redis_state",
+                       "last_outcome", "last_error_full", "last_run_at", "run_count",
+                       "failure_count", "consecutive_failures", "kind", "created_at",
+                       "updated_at")
     fieldsets = (
         ("Now (live from Redis)", {
             "fields": ("next_run_detail", "last_outcome", "last_error_full", "redis_state"),
         }),
-        (None, {"fields": ("name", "url", "task", "job_id", "enabled")}),
+        (None, {"fields": ("name", "url", "domain", "task", "job_id", "enabled")}),
         ("Timing", {
             "fields": ("interval_s", "cron", "timezone", "day_rule", "schedule_words",
-                       "run_at", "jitter_s", "start_at", "end_at", "max_runs",
+                       "next_fires", "run_at", "jitter_s", "start_at", "end_at", "max_runs",
                        "misfire_grace_s"),
             "description": "Give one of interval, cron or run at. Cron is read on the wall "
                            "clock of the time zone, DST included.",
@@ -439,7 +450,8 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         for title, options in self.fieldsets:
             if title in self._CHANGE_ONLY_SECTIONS:
                 continue
-            fields = tuple(f for f in options["fields"] if f != "schedule_words")
+            fields = tuple(f for f in options["fields"]
+                           if f not in ("schedule_words", "next_fires"))
             out.append((title, {**options, "fields": fields}))
         return out
 
@@ -505,6 +517,21 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
     def schedule_words(self, row: ZSchedJob) -> str:
         return schedule_in_words(row) if row.pk else "(shown after saving)"
 
+    @admin.display(description=f"next {COUNT} fires")
+    def next_fires(self, row: ZSchedJob) -> SafeString:
+        # From the store when the job is there (its due time, runs so far,
+        # pause), else from the saved definition alone.
+        info = info_of(row) if row.pk else None
+        try:
+            if isinstance(info, JobInfo):
+                result = preview_info(info, int(time.time() * 1000), COUNT, get_store().settings)
+            else:
+                result = preview(row.to_job(), int(time.time() * 1000), COUNT,
+                                 get_store().settings)
+        except ValidationError as exc:
+            return _muted(f"cannot preview: {exc}")
+        return fires_html(result, preview_url(self))
+
     @admin.display(description="next run")
     def next_run_detail(self, row: ZSchedJob) -> SafeString:
         return next_run_html(info_of(row)) if row.pk else _muted("-")
@@ -558,7 +585,11 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
             for op in _OPERATIONS
         ]
         # Before the defaults: their "<path:object_id>/" would swallow these.
-        urls: list[URLPattern] = custom + super().get_urls()
+        # Domains have no model of their own; they live under the jobs they pace.
+        # So do dead letters, which live in Redis only.
+        urls: list[URLPattern] = (preview_urls(self) + DomainAdminViews(self).urls()
+                                  + DeadLetterAdminViews(self).urls() + custom
+                                  + super().get_urls())
         return urls
 
     def _button_view(self, operation: str) -> Callable[..., HttpResponse]:
@@ -587,6 +618,8 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
                 for op, label in (("resume", "Resume") if not obj.enabled else ("pause", "Pause"),
                                   ("run_now", "Run now"), ("reset_failures", "Reset failures"))
             ]
+        # The add form's live next fires (the change page has its next_fires field).
+        context["zsched_preview_url"] = preview_url(self)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 

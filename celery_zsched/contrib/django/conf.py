@@ -30,6 +30,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from celery_zsched.config import Settings
+from celery_zsched.connection import redis_client
 from celery_zsched.errors import ConfigurationError
 from celery_zsched.job import Defaults
 from celery_zsched.store import Store
@@ -106,7 +107,9 @@ def get_settings() -> Settings:
     with _lock:
         if "settings" not in _cache:
             _cache["settings"] = Settings.from_mapping(zsched_mapping()).with_broker_fallback(
-                getattr(django_settings, "CELERY_BROKER_URL", None))
+                getattr(django_settings, "CELERY_BROKER_URL", None),
+                getattr(django_settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None),
+                getattr(django_settings, "CELERY_BROKER_USE_SSL", None))
         result: Settings = _cache["settings"]
         return result
 
@@ -124,9 +127,8 @@ def get_client() -> redis.Redis:
             if alias:
                 _cache["client"] = client_for_alias(alias)
             else:
-                _cache["client"] = redis.Redis.from_url(
-                    get_settings().redis_url, decode_responses=True,
-                    socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+                # Plain, Cluster or Sentinel, with TLS: as beat and the workers connect.
+                _cache["client"] = redis_client(get_settings())
         client: redis.Redis = _cache["client"]
         return client
 
@@ -186,8 +188,11 @@ def reset() -> None:
         _cache.clear()
     if client is not None:
         client.close()
-        # A client built on an explicit pool leaves the pool open on close().
-        client.connection_pool.disconnect()
+        # A client built on an explicit pool leaves the pool open on close();
+        # a Redis Cluster client has one pool per node, which close() ends.
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
 
 
 _RELEVANT = ("CACHES", "TIME_ZONE", "USE_TZ")

@@ -74,29 +74,37 @@ def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -
 
 def _drain(store: Store, max_items: int, batch: int) -> DrainReport:
     report = DrainReport(cursor=read_cursor(store))
-    while report.read < max_items:
-        events = store.events(after=report.cursor, count=min(batch, max_items - report.read))
-        if not events:
-            break
-        with transaction.atomic():
-            report.created += _record(events)
-            report.jobs_updated += _refresh_mirror(store, events)
-        # The cursor moves only after the rows are committed: a crash in between
-        # re-reads entries whose rows exist, which the unique stream_id absorbs.
-        report.cursor = events[-1][0]
-        advance_cursor(store, report.cursor)
-        report.read += len(events)
+    # Each partition has its own stream and cursor; with several, a run's
+    # stream_id is "partition/entry id", since entry ids repeat across streams.
+    for part in range(store.partitions):
+        cursor = read_cursor(store, part)
+        label = f"{part}/" if store.partitions > 1 else ""
+        while report.read < max_items:
+            events = store.events(after=cursor, count=min(batch, max_items - report.read),
+                                  part=part)
+            if not events:
+                break
+            events = [(label + sid, fields) for sid, fields in events]
+            with transaction.atomic():
+                report.created += _record(events)
+                report.jobs_updated += _refresh_mirror(store, events)
+            # The cursor moves only after the rows are committed: a crash in between
+            # re-reads entries whose rows exist, which the unique stream_id absorbs.
+            cursor = events[-1][0].rpartition("/")[2]
+            advance_cursor(store, cursor, part)
+            report.cursor = events[-1][0]
+            report.read += len(events)
     return report
 
 
-def read_cursor(store: Store) -> str:
-    """Stream id of the last drained entry ("0" before the first drain)."""
-    return store.drain_cursor()
+def read_cursor(store: Store, part: int = 0) -> str:
+    """Stream id of partition ``part``'s last drained entry ("0" before the first drain)."""
+    return store.drain_cursor(part)
 
 
-def advance_cursor(store: Store, cursor: str) -> bool:
+def advance_cursor(store: Store, cursor: str, part: int = 0) -> bool:
     """Move the cursor forward to ``cursor``; never backwards (two drains may race)."""
-    return store.advance_drain_cursor(cursor)
+    return store.advance_drain_cursor(cursor, part)
 
 
 def prune_history(days: int | None = None) -> int:
@@ -117,7 +125,7 @@ def run_from_event(stream_id: str, fields: Mapping[str, str]) -> ZSchedRun:
         data: dict[str, Any] = json.loads(fields.get("data") or "{}") or {}
     except ValueError:
         data = {}
-    settled = _int(fields.get("at")) or int(stream_id.partition("-")[0])
+    settled = _int(fields.get("at")) or int(stream_id.rpartition("/")[2].partition("-")[0])
     return ZSchedRun(
         job_id=fields.get("id", ""),
         occurrence=_int(fields.get("occ")) or 0,

@@ -36,7 +36,7 @@ DEFINITION_FIELDS: tuple[str, ...] = (
     "job_id", "name", "task", "url", "meta", "args", "kwargs", "interval_s", "cron",
     "timezone", "day_rule", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
     "priority", "expires_s", "enabled", "max_runs", "misfire_grace_s", "retry_max",
-    "retry_base_s",
+    "retry_base_s", "domain",
 )
 
 #: Read-only mirror of the Redis runtime state, refreshed in bulk.
@@ -201,6 +201,10 @@ class ZSchedJob(models.Model):
     misfire_grace_s = models.FloatField("misfire grace (s)", null=True, blank=True)
     retry_max = models.PositiveIntegerField(null=True, blank=True)
     retry_base_s = models.FloatField("retry base (s)", null=True, blank=True)
+    domain = models.CharField(
+        max_length=253, blank=True,
+        help_text="Pace this job under this domain instead of its URL's host "
+                  "(per-domain politeness)")
 
     # Runtime mirror of Redis (written in bulk by drain and reconcile).
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -356,6 +360,9 @@ class ZSchedJob(models.Model):
             # string for Django: store what the core read from it.
             if isinstance(getattr(self, name), str):
                 setattr(self, name, getattr(job, name))
+        if self.domain:
+            # Store the canonical form (lower case, IDNA) that Redis paces under.
+            self.domain = job.domain or ""
         for name in _TIME_FIELDS:
             # A naive time is in the job's zone for the core, but in TIME_ZONE
             # for Django's save(): store the instant the core validated.

@@ -20,6 +20,8 @@ from .models import ZSchedJob, ZSchedRun
 #: Most recent runs (or stream entries) the percentiles are computed from.
 SAMPLE = 100_000
 PERCENTILES = (50, 95, 99)
+#: Domain names listed per alert before "... and N more".
+LISTED = 50
 
 
 def percentile(sorted_values: Sequence[int], pct: float) -> int | None:
@@ -47,7 +49,9 @@ def collect(window_minutes: int = 60, dead_sample: int = 10) -> dict[str, Any]:
     * ``lateness_ms`` / ``wait_ms`` / ``duration_ms``: p50/p95/p99/max over the
       runs of the last ``window_minutes`` (at most :data:`SAMPLE` of them),
       from run history, or from the Redis event stream when none was drained;
-    * ``dead_letters``: how many, and the most recent ids.
+    * ``dead_letters``: how many, and the most recent ids;
+    * ``domains`` (with ``zsched_pacing`` on): the names of the throttled
+      domains and of those whose breaker is not closed.
 
     Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
     """
@@ -78,6 +82,8 @@ def _collect(store: Store, window_minutes: int, dead_sample: int) -> dict[str, A
         out[name] = summarize([int(v) for row in recent if (v := row[index]) is not None])
     out["dead_letters"] = {"count": out["redis"].get("dead", 0),
                            "recent": store.dead_ids(dead_sample)}
+    if store.settings.pacing:  # off, no domain is paced: nothing to alert on
+        out["domains"] = store.domain_alerts()
     return out
 
 
@@ -110,4 +116,17 @@ def lines(stats: dict[str, Any]) -> list[str]:
     dead = stats["dead_letters"]
     out.append(f"Dead letters: {dead['count']}"
                + (f" (latest: {', '.join(dead['recent'])})" if dead["recent"] else ""))
+    if "domains" in stats:
+        out += domain_lines(stats["domains"])
+    return out
+
+
+def domain_lines(alerts: dict[str, list[str]]) -> list[str]:
+    """The throttled domains and open breakers, by name (at most :data:`LISTED` each)."""
+    out = []
+    for label, key in (("Throttled domains", "throttled"), ("Breakers open", "breakers_open")):
+        names = alerts.get(key, [])
+        listed = ", ".join(names[:LISTED])
+        more = f" ... and {len(names) - LISTED} more" if len(names) > LISTED else ""
+        out.append(f"{label}: {len(names)}" + (f" ({listed}{more})" if names else ""))
     return out

@@ -25,6 +25,8 @@ class Command(BaseCommand):
             report = drain(options["max_items"], prune=not options["no_prune"])
         except ZSchedError as exc:
             raise CommandError(str(exc)) from exc
+        if options["verbosity"] == 0:  # -v 0: a cron job's run prints nothing when all is well
+            return
         self.stdout.write(
             f"read {report.read} event(s), recorded {report.created} run(s), refreshed "
             f"{report.jobs_updated} job(s), pruned {report.pruned} old run(s); "

@@ -35,4 +35,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         for line in invalid:
             self.stderr.write(f"left out invalid job {line}")
-        self.stderr.write(f"exported {count} job(s)" + (f" to {path}" if path else ""))
+        # -v 0 keeps the warnings above (jobs left out) but drops the summary.
+        if options["verbosity"] > 0:
+            self.stderr.write(f"exported {count} job(s)" + (f" to {path}" if path else ""))

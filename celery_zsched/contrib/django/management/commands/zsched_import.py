@@ -70,6 +70,8 @@ class Command(BaseCommand):
                                "`manage.py zsched_sync` once Redis is back.") from exc
         except ZSchedError as exc:
             raise CommandError(str(exc)) from exc
+        if options["verbosity"] == 0:  # -v 0: nothing on success, errors still raise
+            return
         for line in summary.lines():
             self.stdout.write(line)
 

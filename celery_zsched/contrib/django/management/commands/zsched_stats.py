@@ -14,7 +14,7 @@ from ...stats import collect, lines
 
 class Command(BaseCommand):
     help = ("Show jobs by state, jobs due in the next minute and hour, p50/p95/p99 "
-            "lateness of recent runs, and dead letters.")
+            "lateness of recent runs, dead letters, and throttled domains.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--window", type=int, default=60,

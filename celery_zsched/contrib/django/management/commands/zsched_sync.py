@@ -29,5 +29,7 @@ class Command(BaseCommand):
                                progress=progress)
         except ZSchedError as exc:
             raise CommandError(str(exc)) from exc
+        if options["verbosity"] == 0:  # -v 0: nothing on success, errors still raise
+            return
         for line in report.lines():
             self.stdout.write(line)

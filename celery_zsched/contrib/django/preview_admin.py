@@ -1,0 +1,91 @@
+"""The next fire times in the job admin: a table on the change page, and a JSON
+endpoint the add and change forms call as the timing fields are edited.
+
+The endpoint (``.../zschedjob/preview/?cron=...&timezone=...``) validates the
+timing with :meth:`Job.from_dict`, as saving would, and answers the fires of
+:mod:`celery_zsched.preview` or the field errors. It reads the local clock,
+not Redis: a form being typed into should not need the store, and a preview of
+unsaved timing has no stored due time to read anyway. Guarded by the job
+admin's view permission, as the Domains pages are.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from celery_zsched.errors import ValidationError
+from celery_zsched.job import Job
+from celery_zsched.preview import Fire, Preview, preview
+
+from .conf import get_defaults, get_settings
+from .models import model_field_for
+
+#: Fires the change page and the live preview show.
+COUNT = 10
+#: Query parameters the endpoint reads: the form fields that move the fire times.
+FIELDS = ("cron", "timezone", "interval_s", "day_rule", "jitter_s", "max_runs", "run_at",
+          "start_at", "end_at")
+
+
+def url_name(model_admin: Any) -> str:
+    opts = model_admin.model._meta
+    return f"{opts.app_label}_{opts.model_name}_preview"
+
+
+def preview_url(model_admin: Any) -> str:
+    return reverse(f"{model_admin.admin_site.name}:{url_name(model_admin)}")
+
+
+def urls(model_admin: Any) -> list[URLPattern]:
+    """The endpoint, bound to ``model_admin`` (whose permissions guard it)."""
+    def view(request: HttpRequest) -> HttpResponse:
+        if not model_admin.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return preview_json(request)
+
+    return [path("preview/", model_admin.admin_site.admin_view(view),
+                 name=url_name(model_admin))]
+
+
+def preview_json(request: HttpRequest) -> JsonResponse:
+    """Fires of the timing in the query string, or ``{"errors": {field: [message]}}``."""
+    data: dict[str, Any] = {"id": "preview", "task": "preview"}
+    data.update({k: v for k in FIELDS if (v := request.GET.get(k, "").strip())})
+    try:
+        job = Job.from_dict(data, get_defaults())
+    except ValidationError as exc:
+        return JsonResponse({"errors": {model_field_for(exc.field): [exc.message]}},
+                            status=400)
+    result = preview(job, int(time.time() * 1000), COUNT, get_settings())
+    return JsonResponse({"timezone": job.timezone, **result.to_dict()})
+
+
+def _note(fire: Fire) -> str:
+    marks = []
+    if fire.shifted:
+        marks.append("shifted: a DST gap skipped its wall time")
+    if fire.repeated:
+        marks.append(f"repeated: DST fold, pass {fire.local.fold + 1} of 2")
+    return "; ".join(marks)
+
+
+def fires_html(result: Preview, url: str) -> SafeString:
+    """The table the change page shows; the live preview (JavaScript) replaces it."""
+    rows = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        ((f.local.strftime("%Y-%m-%d %H:%M:%S %Z"), f.utc.strftime("%Y-%m-%d %H:%M:%SZ"),
+          f"+0..{f.jitter_ms / 1000:g} s" if f.jitter_ms else "-", _note(f))
+         for f in result.fires))
+    table = (format_html('<table><thead><tr><th>Local</th><th>UTC</th><th>Jitter</th>'
+                         '<th></th></tr></thead><tbody>{}</tbody></table>', rows)
+             if result.fires else "")
+    note = format_html("<p>{}</p>", result.note) if result.note else ""
+    return format_html('<div id="zsched-next-fires" data-url="{}">{}{}</div>', url, table,
+                       note)
