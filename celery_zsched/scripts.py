@@ -93,8 +93,10 @@ def _start_reply(res: Sequence[Any]) -> StartResult:
 
 def _reap_reply(res: Sequence[Any]) -> ReapResult:
     redelivered, dead, lost, held, converted = (int(n) for n in res[:5])
-    return ReapResult(redelivered, dead, lost, held, converted,
-                      ids=tuple(str(i) for i in res[5:]))
+    ids = tuple(str(i) for i in res[5:])
+    # The dead-lettered ids come last.
+    return ReapResult(redelivered, dead, lost, held, converted, ids=ids,
+                      dead_ids=ids[len(ids) - dead:] if dead else ())
 
 
 def _ids(res: Sequence[Any]) -> list[str]:
@@ -109,11 +111,24 @@ def _control_reply(res: Sequence[Any]) -> tuple[int, list[str]]:
     return int(res[0]), [str(i) for i in res[1:]]
 
 
-def _settle_reply(res: Sequence[Any]) -> tuple[str, str | None, int | None]:
-    """(``ok`` | ``stale`` | ``changed`` | ``deleted``, new status, Redis now)."""
+@dataclass(frozen=True)
+class SettleReply:
+    """settle.lua's verdict (``ok`` | ``stale`` | ``changed`` | ``deleted``) and what it did."""
+
+    verdict: str
+    status: str | None = None
+    now_ms: int | None = None
+    consecutive_failures: int = 0
+    #: The domain whose breaker this settle opened, or None.
+    breaker_opened: str | None = None
+
+
+def _settle_reply(res: Sequence[Any]) -> SettleReply:
     if res[0] == "ok":
-        return "ok", str(res[1]), int(res[2])
-    return str(res[0]), None, None
+        return SettleReply("ok", str(res[1]), int(res[2]), int(res[3]), str(res[4]) or None)
+    if res[0] == "deleted":
+        return SettleReply("deleted", breaker_opened=str(res[1]) or None)
+    return SettleReply(str(res[0]))
 
 
 # ---------------------------------------------------------------- the scripts
