@@ -186,3 +186,16 @@ class SettleResult:
     breaker_opened: str | None = None
     #: The definition the settle read (``None`` for a deleted job).
     job: Job | None = None
+
+
+@dataclass(frozen=True)
+class NoticeGate:
+    """What the notifiers' shared rate limit and digest said (``notify.lua``)."""
+
+    #: ``send`` | ``limited`` | ``held`` (kept for the digest) | ``flush``.
+    verdict: str
+    #: End of the open digest window that holds notices (Redis ms), or None.
+    open_until_ms: int | None
+    now_ms: int
+    #: A closed window's digest this call claimed (only this caller got it), or None.
+    digest: dict[str, Any] | None = None

@@ -11,6 +11,7 @@ that the two agree) and is loaded with the shared ``_prelude.lua`` in front.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -18,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from .job import Job
 from .keys import Keys
-from .results import ClaimBatch, Claimed, ReapResult, StartResult
+from .results import ClaimBatch, Claimed, NoticeGate, ReapResult, StartResult
 
 R = TypeVar("R")
 _PRELUDE = "_prelude"
@@ -131,6 +132,15 @@ def _settle_reply(res: Sequence[Any]) -> SettleReply:
     return SettleReply(str(res[0]))
 
 
+def _notice_reply(res: Sequence[Any]) -> NoticeGate:
+    digest = json.loads(res[3]) if res[3] else None
+    if digest is not None:
+        # cjson writes an empty table as an object.
+        digest["notices"] = [json.loads(n) for n in digest.get("notices") or []]
+        digest["by_event"] = dict(digest.get("by_event") or {})
+    return NoticeGate(str(res[0]), int(res[1]) or None, int(res[2]), digest)
+
+
 # ---------------------------------------------------------------- the scripts
 UPSERT = ScriptSpec(
     "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued"),
@@ -173,9 +183,15 @@ CONTROL = ScriptSpec(
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 
+NOTIFY = ScriptSpec(
+    "notify", ("notify_limits", "notify_digest", "notify_held"),
+    args=("operation", "subject", "window_ms", "digest_ms", "threshold", "notice", "cap",
+          "event"),
+    reply=_notice_reply)
+
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RELEASE,
-                 CONTROL, DOMAIN)
+                 CONTROL, DOMAIN, NOTIFY)
 }

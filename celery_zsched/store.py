@@ -31,6 +31,7 @@ from .results import (
     Claimed,
     ImportReport,
     JobInfo,
+    NoticeGate,
     ReapResult,
     SettleResult,
     StartResult,
@@ -856,6 +857,16 @@ class Store:
                                     reply.consecutive_failures, reply.breaker_opened, job)
             return SettleResult(False, reply.verdict, label, job=job)
         return SettleResult(False, "changed", outcome)
+
+    @_unavailable
+    def notice_gate(self, subject: str, notice: str, event: str, *, window_ms: int,
+                    digest_ms: int, threshold: int, cap: int) -> NoticeGate:
+        """May this notice go out? The notifiers' rate limit and digest, shared by every
+        process (``notify.lua``; keys on the base prefix). ``subject`` "" only claims
+        the digest of a window that has ended."""
+        return self._call(scripts.NOTIFY, self.base, operation="gate" if subject else "flush",
+                          subject=subject, window_ms=window_ms, digest_ms=digest_ms,
+                          threshold=threshold, notice=notice, cap=cap, event=event)
 
     def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
         """A job's definition and the clock of the server that holds it (one round trip)."""
