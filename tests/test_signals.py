@@ -13,24 +13,17 @@ from celery_zsched import signals
 from celery_zsched.appstore import store_for_app
 from celery_zsched.scheduler import ZSchedScheduler
 from celery_zsched.signals import BreakerEvent, JobEvent
-from tests.notify_fixtures import (  # noqa: F401  (fixtures)
-    MakeApp,
-    Recorder,
-    _clean_env,
-    claim_one,
-    fail_in_worker,
-    make_app,
-    recorder,
-    url_job,
-)
+from tests.notify_helpers import MakeApp, Recorder, claim_one, fail_in_worker, url_job
+
+pytest_plugins = ["tests.notify_fixtures"]
 
 Rec = Callable[[Celery], Recorder]
 
 
-def test_an_error_with_retries_left_signals_job_failed_only(make_app: MakeApp,
-                                                            recorder: Rec) -> None:
-    app = make_app(retry_max=2)
-    rec = recorder(app)
+def test_an_error_with_retries_left_signals_job_failed_only(notify_app: MakeApp,
+                                                            signal_recorder: Rec) -> None:
+    app = notify_app(retry_max=2)
+    rec = signal_recorder(app)
     claimed = claim_one(store_for_app(app), url_job())
     fail_in_worker(app, claimed)
     assert rec.names() == ["job_failed"]
@@ -44,9 +37,9 @@ def test_an_error_with_retries_left_signals_job_failed_only(make_app: MakeApp,
 
 
 def test_an_error_whose_retries_are_spent_signals_retries_exhausted_once(
-        make_app: MakeApp, recorder: Rec) -> None:
-    app = make_app(retry_max=1, retry_base_s=0.01)
-    rec = recorder(app)
+        notify_app: MakeApp, signal_recorder: Rec) -> None:
+    app = notify_app(retry_max=1, retry_base_s=0.01)
+    rec = signal_recorder(app)
     store = store_for_app(app)
     first = claim_one(store, url_job())
     fail_in_worker(app, first)
@@ -65,9 +58,9 @@ def test_an_error_whose_retries_are_spent_signals_retries_exhausted_once(
 
 
 def test_a_failing_streak_fires_once_when_it_reaches_the_setting_and_again_after_a_success(
-        make_app: MakeApp, recorder: Rec) -> None:
-    app = make_app(retry_max=0, notify_streak=3)
-    rec = recorder(app)
+        notify_app: MakeApp, signal_recorder: Rec) -> None:
+    app = notify_app(retry_max=0, notify_streak=3)
+    rec = signal_recorder(app)
     store = store_for_app(app)
     job = url_job()
     for _ in range(5):
@@ -83,18 +76,19 @@ def test_a_failing_streak_fires_once_when_it_reaches_the_setting_and_again_after
     assert rec.names().count("job_failing_streak") == 2
 
 
-def test_a_streak_setting_of_zero_never_signals_a_streak(make_app: MakeApp,
-                                                         recorder: Rec) -> None:
-    app = make_app(retry_max=0, notify_streak=0)
-    rec = recorder(app)
+def test_a_streak_setting_of_zero_never_signals_a_streak(notify_app: MakeApp,
+                                                         signal_recorder: Rec) -> None:
+    app = notify_app(retry_max=0, notify_streak=0)
+    rec = signal_recorder(app)
     for _ in range(3):
         fail_in_worker(app, claim_one(store_for_app(app), url_job()))
     assert "job_failing_streak" not in rec.names()
 
 
-def test_beats_reap_signals_each_dead_letter_once(make_app: MakeApp, recorder: Rec) -> None:
-    app = make_app(lease_s=0.05, max_deliveries=1)
-    rec = recorder(app)
+def test_beats_reap_signals_each_dead_letter_once(notify_app: MakeApp,
+                                                  signal_recorder: Rec) -> None:
+    app = notify_app(lease_s=0.05, max_deliveries=1)
+    rec = signal_recorder(app)
     scheduler = ZSchedScheduler(app=app)
     try:
         store = scheduler.store
@@ -118,12 +112,12 @@ def test_beats_reap_signals_each_dead_letter_once(make_app: MakeApp, recorder: R
     assert store_for_app(app).get(job.id).status == "dead"
 
 
-def test_the_breaker_opening_is_signalled_once_per_opening(make_app: MakeApp,
-                                                           recorder: Rec) -> None:
-    app = make_app(pacing=True, domain_delay_s=0, domain_max_in_flight=0,
+def test_the_breaker_opening_is_signalled_once_per_opening(notify_app: MakeApp,
+                                                           signal_recorder: Rec) -> None:
+    app = notify_app(pacing=True, domain_delay_s=0, domain_max_in_flight=0,
                    domain_start_margin_s=0, breaker_min_requests=2, breaker_ratio=0.5,
                    breaker_cooldown_s=0.2, retry_max=0)
-    rec = recorder(app)
+    rec = signal_recorder(app)
     store = store_for_app(app)
     jobs = [url_job(i, host="down.example") for i in range(2)]
     claimed = [claim_one(store, job) for job in jobs]
@@ -145,14 +139,14 @@ def test_the_breaker_opening_is_signalled_once_per_opening(make_app: MakeApp,
 
 
 def test_a_receiver_that_raises_breaks_neither_the_settle_nor_other_receivers(
-        make_app: MakeApp, recorder: Rec) -> None:
-    app = make_app(retry_max=0)
+        notify_app: MakeApp, signal_recorder: Rec) -> None:
+    app = notify_app(retry_max=0)
 
     def broken(**_: Any) -> None:
         raise RuntimeError("receiver bug")
     signals.job_failed.connect(broken, sender=app, weak=False, dispatch_uid="broken")
     try:
-        rec = recorder(app)
+        rec = signal_recorder(app)
         store = store_for_app(app)
         claimed = claim_one(store, url_job())
         fail_in_worker(app, claimed)
@@ -162,9 +156,9 @@ def test_a_receiver_that_raises_breaks_neither_the_settle_nor_other_receivers(
     assert store.get(claimed.job.id).state.last_outcome == "error"
 
 
-def test_signals_of_one_app_do_not_reach_receivers_of_another(make_app: MakeApp,
-                                                             recorder: Rec) -> None:
-    app, other = make_app(retry_max=0), make_app()
-    rec_other = recorder(other)
+def test_signals_of_one_app_do_not_reach_receivers_of_another(notify_app: MakeApp,
+                                                             signal_recorder: Rec) -> None:
+    app, other = notify_app(retry_max=0), notify_app()
+    rec_other = signal_recorder(other)
     fail_in_worker(app, claim_one(store_for_app(app), url_job()))
     assert rec_other.seen == []
