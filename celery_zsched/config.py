@@ -144,7 +144,7 @@ class Settings:
     #: Length of a digest window, seconds.
     notify_digest_window_s: float = 60.0
     #: Notices a process buffers for its sender thread; past it they are dropped.
-    notify_queue_size: int = 1000
+    notify_queue_size: int = 10_000
 
     @property
     def queued_bound(self) -> int:

@@ -15,6 +15,7 @@ from celery import Celery
 from celery_zsched import heartbeat, notify
 from celery_zsched.appstore import forget_app
 from tests.notify_helpers import MakeApp, Recorder
+from tests.webhook_receiver import Receiver, running_receiver
 
 
 @pytest.fixture
@@ -53,3 +54,10 @@ def signal_recorder() -> Iterator[Callable[[Celery], Recorder]]:
     yield make
     for rec in made:
         rec.close()
+
+
+@pytest.fixture
+def webhook_receiver() -> Iterator[Receiver]:
+    """A local HTTP receiver of signed notification webhooks (secret ``s3cret``)."""
+    with running_receiver("s3cret") as receiver:
+        yield receiver

@@ -113,7 +113,7 @@ def running_receiver(secret: str = "s3cret") -> Iterator[Receiver]:
     server.daemon_threads = True
     server.receiver = receiver  # type: ignore[attr-defined]
     receiver.server = server
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield receiver
