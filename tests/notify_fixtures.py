@@ -29,7 +29,7 @@ def notify_app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Make
 
     def make(**conf: Any) -> Celery:
         app = Celery("notify-tests", set_as_current=False)
-        app.conf.broker_url = redis_url
+        app.conf["broker_url"] = redis_url
         app.conf.zsched_redis_url = redis_url
         app.conf.zsched_key_prefix = "{n" + uuid.uuid4().hex[:8] + "}:"
         app.conf.zsched_max_jitter_s = 0
