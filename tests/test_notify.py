@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -313,3 +314,13 @@ def test_no_notifier_is_installed_unless_a_setting_switches_one_on(
         notify_app: MakeApp) -> None:
     assert notify.install(notify_app()) is None
 
+
+
+def test_the_readme_documents_every_notify_setting_and_signal() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    for name in Settings.names():
+        if name.startswith("notify_"):
+            assert f"| `zsched_{name}` | `ZSCHED_{name.upper()}` |" in readme, name
+    section = readme.split("## Operating it: notifications", 1)[1].split("\n## ", 1)[0]
+    for name in signals.SIGNALS:
+        assert f"| `{name}` |" in section, name
