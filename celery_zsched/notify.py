@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .appstore import store_for_app
-from .config import SETTING_PREFIX, Settings
+from .config import SETTING_PREFIX, Settings, redact_url
 from .errors import ConfigurationError, StoreUnavailable
 from .results import NoticeGate
 from .signals import SIGNALS, Event
@@ -147,7 +147,7 @@ class Webhook:
                     return
             except urllib.error.HTTPError as exc:
                 if exc.code < 500 and exc.code not in (408, 429):
-                    raise DeliveryFailed(f"HTTP {exc.code} from {self.url}") from exc
+                    raise DeliveryFailed(f"HTTP {exc.code} from {redact_url(self.url)}") from exc
                 error: Exception = exc
             except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections
                 error = exc
@@ -156,7 +156,7 @@ class Webhook:
                             attempt + 1, error, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 60.0)
-        raise DeliveryFailed(f"{self.url}: {error} after {self.retries + 1} attempts")
+        raise DeliveryFailed(f"{redact_url(self.url)}: {error} after {self.retries + 1} attempts")
 
 
 @dataclass

@@ -193,8 +193,10 @@ class ZSchedScheduler(Scheduler):
         if res.dead_ids:
             try:
                 signals.after_reap(self.app, self.store, res.dead_ids)
-            except StoreUnavailable as exc:  # the reap is done: do not redo the tick
+            except StoreUnavailable as exc:  # the reap is done: do not fail the tick
                 logger.warning("zsched: dead letters not signalled: %s", exc)
+            except Exception:
+                logger.exception("zsched: signalling %d dead letters failed", len(res.dead_ids))
         if res.total or res.converted:
             log_event("reaped", logging.WARNING, redelivered=res.redelivered, dead=res.dead,
                       lost=res.lost, converted=res.converted, ids=list(res.ids[:20]))

@@ -150,8 +150,11 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
               http_status=status,
               lateness_ms=timings["lateness_ms"], wait_ms=timings["wait_ms"],
               duration_ms=timings["duration_ms"], next_run_at=result.next_due_ms)
-    zsched_signals.after_settle(app, occ.job_id, occ.occurrence, occ.attempt, outcome, error,
-                                result, store.settings.notify_streak)
+    try:
+        zsched_signals.after_settle(app, occ.job_id, occ.occurrence, occ.attempt, outcome,
+                                    error, result, store.settings.notify_streak)
+    except Exception:  # the settle is done: a signal must never fail the task's hook
+        logger.exception("zsched: signalling the settle of %s failed", occ.job_id)
 
 
 def _app_of(sender: Any) -> Any:

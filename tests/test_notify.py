@@ -3,6 +3,7 @@ rate limit and digest that Redis keeps for every process."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -324,3 +325,28 @@ def test_the_readme_documents_every_notify_setting_and_signal() -> None:
     section = readme.split("## Operating it: notifications", 1)[1].split("\n## ", 1)[0]
     for name in signals.SIGNALS:
         assert f"| `{name}` |" in section, name
+
+
+def test_a_forked_child_starts_its_own_sender_thread(store: Store,
+                                                     webhook_receiver: Receiver) -> None:
+    """A prefork child inherits the notifier but not its thread: it starts its own."""
+    notifier = Notifier(Settings(notify_webhook_url=webhook_receiver.url), lambda: store,
+                        [Webhook(webhook_receiver.url)])
+    try:
+        notifier.enqueue(job_event(1))
+        wait_until(lambda: notifier.stats.sent == 1)  # the parent's thread is running
+        pid = os.fork()
+        if pid == 0:  # the child: never return into pytest
+            ok = False
+            try:
+                ok = (notifier.enqueue(job_event(2)) and notifier.close(5)
+                      and notifier.stats.sent == 2)
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        notifier.enqueue(job_event(3))  # the parent's own thread still works
+        webhook_receiver.wait(3)
+    finally:
+        notifier.close()
+    assert sorted(p.body["job_id"] for p in webhook_receiver.posts) == ["job-1", "job-2", "job-3"]
