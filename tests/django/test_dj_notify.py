@@ -80,3 +80,22 @@ def test_a_thousand_dead_letters_send_one_digest_mail_not_a_thousand(
     assert digests[0].subject.endswith("[zsched] 980 more notices in 1.5 s (980 job_dead_lettered)")
     assert "... and 960 more" in digests[0].body
     assert sum("job_dead_lettered: " in m.subject for m in mails) == 20
+
+
+def test_system_checks_name_a_bad_notify_setting_and_mail_without_admins(
+        settings: Any) -> None:
+    settings.CELERY_ZSCHED_NOTIFY_MAIL = True
+    settings.ADMINS = []
+    assert [m.id for m in run_checks()] == ["zsched.W002"]
+    settings.ADMINS = [("Ops", "ops@example.com")]
+    assert run_checks() == []
+    settings.CELERY_ZSCHED_NOTIFY_WEBHOOK_URL = "hooks.example.com"
+    (error,) = run_checks()
+    assert error.id == "zsched.E001" and "zsched_notify_webhook_url" in error.msg
+
+
+def run_checks() -> list[Any]:
+    """The zsched system checks' messages."""
+    from celery_zsched.contrib.django.checks import check_notify_mail, check_settings
+
+    return [*check_settings(), *check_notify_mail()]
