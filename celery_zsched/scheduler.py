@@ -14,6 +14,7 @@ from typing import Any
 
 from celery.beat import Scheduler
 
+from . import notify, signals
 from .appstore import app_timezone
 from .beat_entries import job_from_entry
 from .config import Settings, redact_url
@@ -81,7 +82,9 @@ class ZSchedScheduler(Scheduler):
         return f"beat@{socket.gethostname()}:{os.getpid()}"
 
     def setup_schedule(self) -> None:
-        """Import ``beat_schedule`` into the store (retried from ``tick`` if Redis is down)."""
+        """Import ``beat_schedule`` into the store (retried from ``tick`` if Redis is down),
+        and connect the notifiers the settings switch on."""
+        notify.install(self.app)
         self.sync_static()
 
     def sync_static(self) -> bool:
@@ -187,6 +190,13 @@ class ZSchedScheduler(Scheduler):
             return 0
         res = self.store.reap(self.settings.batch_size, parts=parts)
         self.visits.reaped(parts)
+        if res.dead_ids:
+            try:
+                signals.after_reap(self.app, self.store, res.dead_ids)
+            except StoreUnavailable as exc:  # the reap is done: do not fail the tick
+                logger.warning("zsched: dead letters not signalled: %s", exc)
+            except Exception:
+                logger.exception("zsched: signalling %d dead letters failed", len(res.dead_ids))
         if res.total or res.converted:
             log_event("reaped", logging.WARNING, redelivered=res.redelivered, dead=res.dead,
                       lost=res.lost, converted=res.converted, ids=list(res.ids[:20]))
@@ -246,6 +256,7 @@ class ZSchedScheduler(Scheduler):
 
     def close(self) -> None:
         super().close()
+        notify.close_all()
         if "store" in self.__dict__:
             with contextlib.suppress(StoreUnavailable):
                 self.store.announce(self.beat_name, gone=True)

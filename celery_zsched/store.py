@@ -31,6 +31,7 @@ from .results import (
     Claimed,
     ImportReport,
     JobInfo,
+    NoticeGate,
     ReapResult,
     SettleResult,
     StartResult,
@@ -835,7 +836,7 @@ class Store:
                 job = Job.from_json(raw)
                 label, next_due, next_occ, next_attempt = self._decide(
                     job, outcome, occurrence, attempt, now, retry_after_s)
-            verdict, status, settled_ms = self._call(
+            reply = self._call(
                 scripts.SETTLE, keys, id=job_id, occurrence=occurrence, attempt=attempt,
                 outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
                 next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
@@ -846,14 +847,26 @@ class Store:
                 http_status="" if http_status is None else http_status,
                 retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
                 pacing=self.pacing)
-            if verdict == "changed":
+            if reply.verdict == "changed":
                 continue
             if job is None:
-                return SettleResult(False, "deleted", label)
-            if verdict == "ok" and status is not None:
-                return SettleResult(True, status, label, next_due, settled_ms)
-            return SettleResult(False, verdict, label)
+                return SettleResult(False, "deleted", label,
+                                    breaker_opened=reply.breaker_opened)
+            if reply.verdict == "ok" and reply.status is not None:
+                return SettleResult(True, reply.status, label, next_due, reply.now_ms,
+                                    reply.consecutive_failures, reply.breaker_opened, job)
+            return SettleResult(False, reply.verdict, label, job=job)
         return SettleResult(False, "changed", outcome)
+
+    @_unavailable
+    def notice_gate(self, subject: str, notice: str, event: str, *, window_ms: int,
+                    digest_ms: int, threshold: int, cap: int) -> NoticeGate:
+        """May this notice go out? The notifiers' rate limit and digest, shared by every
+        process (``notify.lua``; keys on the base prefix). ``subject`` "" only claims
+        the digest of a window that has ended."""
+        return self._call(scripts.NOTIFY, self.base, operation="gate" if subject else "flush",
+                          subject=subject, window_ms=window_ms, digest_ms=digest_ms,
+                          threshold=threshold, notice=notice, cap=cap, event=event)
 
     def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
         """A job's definition and the clock of the server that holds it (one round trip)."""

@@ -370,7 +370,7 @@ def test_job_is_dead_lettered_after_max_deliveries(make_store: Callable[..., Sto
         assert (again.deliveries, again.task_id) == (delivery, claimed.task_id)
         assert store.start(again.job.id, again.occurrence, again.attempt).runs
     time.sleep(0.07)
-    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
+    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,), dead_ids=(claimed.job.id,))
     k = store.keys
     assert store.client.zscore(k.dead, claimed.job.id) is not None
     assert store.client.zscore(k.schedule, claimed.job.id) is None
@@ -718,7 +718,7 @@ def test_reset_failures_zeroes_counters_and_revives_a_dead_job(
     store = make_store(lease_s=0.05, max_deliveries=1, retry_max=0)
     claimed = _run_one(store)
     time.sleep(0.07)
-    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
+    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,), dead_ids=(claimed.job.id,))
     state = replace(_state(store, claimed.job.id), consecutive_failures=4, failures=9,
                     last_error="boom")
     _write_state(store, claimed.job.id, state)
