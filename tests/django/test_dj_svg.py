@@ -47,7 +47,8 @@ def test_text_is_escaped() -> None:
     root = parse(markup)
     assert "<script>" not in markup
     assert root.findtext("s:title", namespaces=NS) == "a & b"
-    assert root.findtext("s:rect[@class='bar']/s:title", namespaces=NS) == "<script>alert(1)</script>"
+    hover = root.findtext("s:rect[@class='bar']/s:title", namespaces=NS)
+    assert hover == "<script>alert(1)</script>"
 
 
 def test_stacked_segments_add_up_to_the_total() -> None:
