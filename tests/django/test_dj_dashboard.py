@@ -24,6 +24,7 @@ from celery_zsched.contrib.django.stats import percentile
 from celery_zsched.job import Job
 from celery_zsched.store import Store
 from tests.dead_letters import dead_job, kill
+from tests.helpers import settle_all
 
 pytestmark = pytest.mark.django_db
 
@@ -153,14 +154,24 @@ def test_the_page_shows_states_dead_letters_and_charts(
     assert "<script" not in html.split('id="content-main"')[1]  # the charts need none
 
 
-def test_throttled_domains_link_to_their_pages(admin_client: Client, settings: Any) -> None:
+def test_throttled_domains_and_open_breakers_link_to_their_pages(
+        admin_client: Client, settings: Any) -> None:
     settings.CELERY_ZSCHED_PACING = True
+    settings.CELERY_ZSCHED_DOMAIN_DELAY_S = 0
+    settings.CELERY_ZSCHED_DOMAIN_MAX_IN_FLIGHT = 0
+    settings.CELERY_ZSCHED_BREAKER_MIN_REQUESTS = 2
     store = conf.get_store()
-    store.set_domain("slow.example", delay_s=5)
+    settle_all(store, "slow.example", 1, "error", 429, retry_after_s=120)
+    settle_all(store, "down.example", 3, "error", 500)
+    settle_all(store, "fine.example", 1, "complete", 200)
     response = admin_client.get(reverse(URL))
     assert response.status_code == 200
-    assert response.context["pacing"] is True
-    assert "Breakers open" in response.content.decode()
+    assert (response.context["throttled_count"], response.context["breakers_count"]) == (1, 1)
+    html = response.content.decode()
+    for name in ("slow.example", "down.example"):
+        link = reverse("admin:zsched_domain_change", args=[name])
+        assert f'<a href="{link}">{name}</a>' in html
+    assert "fine.example" not in html
 
 
 def test_the_job_list_and_the_app_page_link_to_it(admin_client: Client) -> None:
