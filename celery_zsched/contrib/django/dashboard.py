@@ -232,9 +232,9 @@ def due_chart(due: DueLoad) -> str:
     """Overdue, then the next 24 h in half hours."""
     now = ms_to_dt(due.now_ms)
     step = timedelta(milliseconds=DUE_BUCKET_MS)
-    labels = ["overdue"] + [f"+{i * DUE_BUCKET_MS // 3_600_000}h" if i % 4 == 0 else ""
-                            for i in range(DUE_BUCKETS)]
-    labels[0] = "late"
+    # A label every 2 hours, on the bucket that starts there; "+0h" would crowd "late".
+    labels = ["late"] + [f"+{i * DUE_BUCKET_MS // 3_600_000}h" if i % 4 == 0 and i else ""
+                         for i in range(DUE_BUCKETS)]
     hovers = [f"{due.overdue:,} jobs overdue (due before now, not claimed yet)"] + [
         f"{n:,} jobs due {_clock(now + i * step)} to {_clock(now + (i + 1) * step)} "
         f"(in {i * 30} to {(i + 1) * 30} min)" for i, n in enumerate(due.counts)]

@@ -78,7 +78,7 @@ class _Frame:
                        f"{escape(number(value))}</text>")
         for slot, label in enumerate(labels):
             if label and slot % every == 0:
-                x = self.x(slot)
+                x = self.x(slot + 0.5)
                 out.append(f'<line x1="{_f(x)}" x2="{_f(x)}" y1="{TOP + self.plot_h}" '
                            f'y2="{TOP + self.plot_h + 4}" stroke="currentColor"/>')
                 out.append(f'<text x="{_f(x)}" y="{TOP + self.plot_h + 16}" '
