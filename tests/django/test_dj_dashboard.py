@@ -190,18 +190,17 @@ def test_redis_down_is_said_on_the_page(admin_client: Client, settings: Any) -> 
 
 # ------------------------------------------------------------- permissions
 def test_only_staff_with_view_permission_see_it(client: Client) -> None:
-    User.objects.create_user("plain", password="pw")
-    client.login(username="plain", password="pw")
+    # force_login: no password hashing, which is most of a login's time.
+    client.force_login(User.objects.create(username="plain"))
     response = client.get(reverse(URL))
     assert response.status_code == 302 and "/login/" in response["Location"]
 
-    User.objects.create_user("nobody", password="pw", is_staff=True)
-    client.login(username="nobody", password="pw")
+    client.force_login(User.objects.create(username="nobody", is_staff=True))
     assert client.get(reverse(URL)).status_code == 403
 
-    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer = User.objects.create(username="viewer", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_zschedjob"))
-    client.login(username="viewer", password="pw")
+    client.force_login(viewer)
     assert client.get(reverse(URL)).status_code == 200
 
 
