@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import heapq
+import itertools
 import json
 import math
 import random
@@ -568,6 +569,27 @@ class Store:
         replies = self._pipeline_each(
             lambda pipe, keys: pipe.zrange(keys.schedule, 0, 0, withscores=True))
         return min((int(first[0][1]) for (first,) in replies if first), default=None)
+
+    @_unavailable
+    def due_counts(self, edges: Sequence[int]) -> list[int]:
+        """Scheduled jobs due before ``edges[0]``, then in each ``[edges[i], edges[i+1])``.
+
+        ``len(edges)`` ZCOUNTs per partition, all in one pipeline: the cost
+        depends on the number of edges (and ``log N``), never on a scan.
+        """
+        if not edges:
+            return []
+
+        def commands(pipe: Any, keys: Keys) -> None:
+            pipe.zcount(keys.schedule, "-inf", f"({edges[0]}")
+            for low, high in itertools.pairwise(edges):
+                pipe.zcount(keys.schedule, low, f"({high}")
+
+        totals = [0] * len(edges)
+        for reply in self._pipeline_each(commands):
+            for index, value in enumerate(reply):
+                totals[index] += int(value)
+        return totals
 
     @_unavailable
     def stats(self) -> dict[str, int]:

@@ -37,6 +37,7 @@ from celery_zsched.store import JobInfo, Store
 from celery_zsched.timing import ms_to_dt
 
 from .conf import get_store
+from .dashboard import DashboardAdminView
 from .dead_admin import DeadLetterAdminViews
 from .domains_admin import DomainAdminViews
 from .forms import ZSchedJobForm
@@ -588,7 +589,8 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         # Domains have no model of their own; they live under the jobs they pace.
         # So do dead letters, which live in Redis only.
         urls: list[URLPattern] = (preview_urls(self) + DomainAdminViews(self).urls()
-                                  + DeadLetterAdminViews(self).urls() + custom
+                                  + DeadLetterAdminViews(self).urls()
+                                  + DashboardAdminView(self).urls() + custom
                                   + super().get_urls())
         return urls
 
