@@ -182,11 +182,12 @@ def _when(dt: datetime, job_zone: str | None = None) -> SafeString:
         except (ZoneInfoNotFoundError, ValueError):
             own = ""
         if own:
-            return format_html('<span title="{}" style="white-space:nowrap">{}<br><small>{}'
-                               '<br>{} ({})</small></span>', local.isoformat(),
+            return format_html('<span title="{}"><span style="white-space:nowrap">{}</span>'
+                               '<br><small>{}<br>{} ({})</small></span>', local.isoformat(),
                                relative(dt, now), clock, own, job_zone)
-    return format_html('<span title="{}" style="white-space:nowrap">{}<br><small>{}</small>'
-                       "</span>", local.isoformat(), relative(dt, now), clock)
+    # The clock time may wrap (date / time / zone): the list fits 1,400 px.
+    return format_html('<span title="{}"><span style="white-space:nowrap">{}</span><br>'
+                       "<small>{}</small></span>", local.isoformat(), relative(dt, now), clock)
 
 
 def _muted(text: str, title: str = "") -> SafeString:
@@ -488,9 +489,10 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
             spec = every(row.interval_s) if row.interval_s else "default interval"
         return format_html("{}<br><small>{}</small>", row.get_kind_display(), spec)
 
-    # Sorted by ZSchedChangeList from the Redis schedule; the database only
-    # sees job_id (a stable order, for when next run is a secondary sort).
-    @admin.display(description="next run", ordering="job_id")
+    # Sorted by ZSchedChangeList from the Redis schedule. The database sees
+    # "id" only, which the default ordering does not use: otherwise Django
+    # would mark this column as sorted whenever the list is sorted by that field.
+    @admin.display(description="next run", ordering="id")
     def next_run(self, row: ZSchedJob) -> SafeString:
         return next_run_html(info_of(row))
 

@@ -1,0 +1,86 @@
+"""Issue 12 in a real headless Chromium: the job list fits 1,400 px with the
+navigation sidebar open, and the add form says a cron in words as it is typed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.store import Store
+from tests.browser.test_admin_browser import CHROMIUM, page, seed_fleet
+
+__all__ = ["page"]  # the Chromium fixture, shared with test_admin_browser.py
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium"),
+]
+
+#: Widths of the page and of the results table: the box and what it holds.
+WIDTHS = """() => {
+  const d = document.documentElement, results = document.querySelector(".results");
+  return {page: [d.scrollWidth, d.clientWidth],
+          results: [results.scrollWidth, results.clientWidth],
+          nav: document.querySelector("#nav-sidebar").getBoundingClientRect().width};
+}"""
+
+
+def log_in(page: Any, admin: str) -> None:
+    page.goto(admin)
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#site-name")
+
+
+def test_the_job_list_fits_1400_px_with_the_sidebar_open(
+        page: Any, live_server: Any, admin_user: Any, zstore: Store, artifacts: Path) -> None:
+    seed_fleet(zstore)
+    # The widest cells: a long name and URL, a one-off days ahead, a zone of three parts.
+    ZSchedJob.objects.create(
+        name="A rather long name for a scrape job of the regional statistics office",
+        url="https://www.statistik-berlin-brandenburg.de/publikationen/statistische-berichte/"
+            "2026/a-very-long-path-segment-without-any-breaks.xml",
+        run_at=timezone.now() + timedelta(days=3))
+    ZSchedJob.objects.create(name="Buenos Aires", url="https://a.example/ba",
+                             cron="0 9 * * 1-5", timezone="America/Argentina/Buenos_Aires")
+    admin = f"{live_server.url}/admin/"
+    log_in(page, admin)
+    assert page.viewport_size["width"] == 1400
+    page.goto(admin + "zsched/zschedjob/")
+    assert page.locator("#nav-sidebar").is_visible()
+    widths = page.evaluate(WIDTHS)
+    assert widths["nav"] > 200  # open, not folded
+    page.screenshot(path=str(artifacts / "admin-changelist-sidebar.png"), full_page=True)
+    assert widths["page"][0] <= widths["page"][1], widths
+    assert widths["results"][0] <= widths["results"][1], widths
+
+
+def test_typing_a_cron_says_it_in_words_before_saving(
+        page: Any, live_server: Any, admin_user: Any, zstore: Store) -> None:
+    admin = f"{live_server.url}/admin/"
+    log_in(page, admin)
+    page.goto(admin + "zsched/zschedjob/add/")
+    words = page.locator("#zsched-words")
+    page.fill("#id_timezone", "America/New_York")
+    page.fill("#id_cron", "*/15 * * * *")
+    page.wait_for_function(
+        "() => document.querySelector('#zsched-words').textContent"
+        " === 'Every 15 minutes (America/New_York time)'")
+    page.fill("#id_cron", "61 * * * *")
+    page.wait_for_function(
+        "() => document.querySelector('#zsched-words').textContent.includes(\"'61'\")")
+    assert "is not in 0-59 for minutes" in words.inner_text()
+    page.fill("#id_cron", "30 8 * * 1-5")
+    page.wait_for_function(
+        "() => document.querySelector('#zsched-words').textContent"
+        " === 'At 08:30, Monday through Friday (America/New_York time)'")
+    # The zone box suggests zones as they are typed, from a list in the page.
+    assert page.locator("datalist#zsched-timezones option[value='Europe/Berlin']").count() == 1
+    assert not ZSchedJob.objects.exists()  # nothing was saved
