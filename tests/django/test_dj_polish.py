@@ -297,3 +297,19 @@ def test_the_inline_runs_have_the_columns_and_no_label_line(
     assert f'<td class="field-finished"><p>{finished}</p></td>' in inline
     assert '<td class="field-wait"><p>4750 ms</p></td>' in inline
     assert "task-1" in inline
+
+
+def test_with_redis_down_the_sort_and_the_dead_filter_say_so(
+        admin_client: Client, zstore: Store, settings: Any) -> None:
+    rows = bulk_jobs(zstore, 3)
+    column = _sort_column(admin_client)
+    settings.CELERY_ZSCHED_REDIS_URL = "redis://127.0.0.1:1/0"  # refuses at once
+    response = admin_client.get(reverse(CHANGELIST), {"o": str(column)})
+    assert response.status_code == 200
+    assert any(str(m).startswith("Cannot sort by next run: Redis unreachable")
+               for m in response.context["messages"])
+    assert sorted(changelist_ids(response)) == sorted(r.job_id for r in rows)  # unsorted
+    response = admin_client.get(reverse(CHANGELIST), {"dead": "yes"})
+    assert response.status_code == 200 and changelist_ids(response) == []
+    assert any(str(m).startswith("Cannot filter by dead letters: Redis unreachable")
+               for m in response.context["messages"])
