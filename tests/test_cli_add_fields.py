@@ -46,7 +46,7 @@ def test_add_stores_retries_and_domain(zstore: Store) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--retry-max", "-1"], "invalid --retry-max: "),
+    (["--retry-max", "-1"], "invalid --retry-max: must be between 0 and 1000 (got -1)"),
     (["--retry-max", "1001"], "invalid --retry-max: "),
     (["--retry-base", "0"], "invalid --retry-base: "),
     (["--domain", "not a domain!"], "invalid --domain: "),
