@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from celery_zsched.contrib.django import conf
+from celery_zsched.contrib.django import conf, next_run_order
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.job_filters import DEFAULT_QUEUE, QueueFilter
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
@@ -179,7 +179,13 @@ def _sort_column(client: Client) -> int:
     return int(cl.list_display.index("next_run"))
 
 
-def test_next_run_sorts_from_the_redis_schedule(admin_client: Client, zstore: Store) -> None:
+@pytest.mark.parametrize("way", ["direct", "walk"])
+def test_next_run_sorts_from_the_redis_schedule(admin_client: Client, zstore: Store,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                way: str) -> None:
+    if way == "walk":  # as for a long list: walk the schedule, 40 ids per SQL query
+        monkeypatch.setattr(next_run_order, "DIRECT_MAX", 0)
+        monkeypatch.setattr(next_run_order, "CHUNK", 40)
     rows = bulk_jobs(zstore, 150)  # staggered: 150 distinct due times, over two pages
     by_id = {row.job_id: row for row in rows}
     paused = [rows[5].job_id, rows[77].job_id]
@@ -211,6 +217,30 @@ def test_next_run_sorts_from_the_redis_schedule(admin_client: Client, zstore: St
                                             {"o": str(column), "q": '"feed 001"'}))
     expect = [i for i in earliest if "feed 001" in by_id[i].name]
     assert len(expect) == 50 and found == expect  # feed 00100 to feed 00149
+
+
+def test_a_walk_that_reads_too_much_of_the_schedule_stops_and_says_so(
+        admin_client: Client, zstore: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(next_run_order, "DIRECT_MAX", 0)
+    monkeypatch.setattr(next_run_order, "CHUNK", 10)
+    monkeypatch.setattr(next_run_order, "WALK_MAX", 30)
+    rows = bulk_jobs(zstore, 60)
+    names = {row.job_id: row.name for row in rows}
+    by_due = [info.job.id for info in sorted(
+        (i for i in zstore.get_many(list(names)) if i is not None),
+        key=lambda i: (i.due_ms or 0, i.job.id))]
+    column = _sort_column(admin_client)
+
+    def search(job_id: str) -> tuple[list[str], list[str]]:
+        response = admin_client.get(reverse(CHANGELIST), {"o": str(column), "q": names[job_id]})
+        return changelist_ids(response), [str(m) for m in response.context["messages"]]
+
+    stopped = ("Sorting by next run stopped after 30 scheduled jobs, before this page was "
+               "full: narrow the filters.")
+    assert search(by_due[0]) == ([by_due[0]], [])  # found in the first chunk
+    assert search(by_due[-1]) == ([], [stopped])   # 60th of 60: past the limit
+    zstore.pause(by_due[0])  # out of the schedule: after a stopped walk, not reached
+    assert search(by_due[0]) == ([], [stopped])
 
 
 @pytest.fixture

@@ -127,10 +127,16 @@ class ZSchedChangeList(ChangeList):
             else:
                 offset, limit = (self.page_num - 1) * self.list_per_page, self.list_per_page
             try:
-                self.result_list = next_run_page(self.queryset, offset, limit,
-                                                 descending=descending)
+                sorted_page = next_run_page(self.queryset, offset, limit,
+                                            descending=descending, count=self.result_count)
             except StoreUnavailable as exc:
                 messages.error(request, f"Cannot sort by next run: {exc}")
+            else:
+                self.result_list = sorted_page.rows
+                if sorted_page.truncated_after:
+                    messages.warning(request, "Sorting by next run stopped after "
+                                     f"{sorted_page.truncated_after:,} scheduled jobs, "
+                                     "before this page was full: narrow the filters.")
         # Iterating the page's queryset fills its result cache, so the template
         # later renders these very instances.
         rows = list(self.result_list)
