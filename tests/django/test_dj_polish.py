@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from celery_zsched.contrib.django import conf, next_run_order
+from celery_zsched.contrib.django.admin_times import zone_label
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.job_filters import DEFAULT_QUEUE, QueueFilter
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
@@ -161,6 +162,18 @@ def test_the_job_page_shows_its_zone_beside_the_admins_and_zoned_times(
         text = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
         assert re.search(rf'field-{name}">.*?<div class="readonly">{text}</div>', html, re.S), \
             name
+
+
+@pytest.mark.parametrize(("zone", "label"), [
+    ("America/New_York", "America/New_York (EST, UTC-05:00)"),
+    ("Asia/Kathmandu", "Asia/Kathmandu (UTC+05:45)"),  # no letter abbreviation: "+0545"
+    ("America/St_Johns", "America/St_Johns (NST, UTC-03:30)"),
+    ("Europe", "Europe (unknown zone)"),  # a folder of the database: OSError inside
+    ("x" * 300, f"{'x' * 300} (unknown zone)"),
+    ("../etc", "../etc (unknown zone)"),
+])
+def test_zone_labels_in_winter(zone: str, label: str) -> None:
+    assert zone_label(zone, datetime(2027, 1, 15, 12, tzinfo=ZoneInfo("UTC"))) == label
 
 
 def test_date_time_inputs_say_which_zone_they_are_typed_in(admin_client: Client) -> None:

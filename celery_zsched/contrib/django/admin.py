@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import django
 from django.contrib import admin, messages
@@ -37,7 +36,7 @@ from celery_zsched.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
 from celery_zsched.timing import ms_to_dt
 
-from .admin_times import CLOCK, FULL, zone_label, zoned, zones_line
+from .admin_times import CLOCK, FULL, zone_label, zone_or_none, zoned, zones_line
 from .conf import get_store
 from .dead_admin import DeadLetterAdminViews
 from .domains_admin import DomainAdminViews
@@ -182,15 +181,12 @@ def _when(dt: datetime, job_zone: str | None = None) -> SafeString:
     local = timezone.localtime(dt)
     same_day = local.date() == timezone.localtime(now).date()
     clock = zoned(dt, CLOCK if same_day else FULL)
-    if job_zone and job_zone != timezone.get_current_timezone_name():
-        try:
-            own = dt.astimezone(ZoneInfo(job_zone)).strftime(FULL)
-        except (ZoneInfoNotFoundError, ValueError):
-            own = ""
-        if own:
-            return format_html('<span title="{}"><span style="white-space:nowrap">{}</span>'
-                               '<br><small>{}<br>{} ({})</small></span>', local.isoformat(),
-                               relative(dt, now), clock, own, job_zone)
+    zone = zone_or_none(job_zone) if job_zone else None
+    if zone is not None and job_zone != timezone.get_current_timezone_name():
+        own = dt.astimezone(zone).strftime(FULL)
+        return format_html('<span title="{}"><span style="white-space:nowrap">{}</span>'
+                           '<br><small>{}<br>{} ({})</small></span>', local.isoformat(),
+                           relative(dt, now), clock, own, job_zone)
     # The clock time may wrap (date / time / zone): the list fits 1,400 px.
     return format_html('<span title="{}"><span style="white-space:nowrap">{}</span><br>'
                        "<small>{}</small></span>", local.isoformat(), relative(dt, now), clock)

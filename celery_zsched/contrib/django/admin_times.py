@@ -36,12 +36,25 @@ def offset(delta: timedelta | None) -> str:
     return f"UTC{sign}{hours:02d}:{mins:02d}"
 
 
+def zone_or_none(name: str) -> ZoneInfo | None:
+    """The zone called ``name``; ``None`` for any name that is not one.
+
+    A form shown again with its errors holds whatever was typed: beyond unknown
+    names, ``ZoneInfo`` raises ``ValueError`` for malformed keys and
+    ``OSError`` for a folder of the database ("Europe") or an overlong name.
+    """
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return None
+
+
 def zone_label(name: str, at: datetime) -> str:
     """``Europe/Berlin (CET, UTC+01:00)`` as of ``at`` (the abbreviation follows DST)."""
-    try:
-        local = at.astimezone(ZoneInfo(name))
-    except (ZoneInfoNotFoundError, ValueError):
+    zone = zone_or_none(name)
+    if zone is None:
         return f"{name} (unknown zone)"
+    local = at.astimezone(zone)
     abbrev = local.tzname() or ""
     off = offset(local.utcoffset())
     # Zones without a letter abbreviation report the offset itself ("+04").
