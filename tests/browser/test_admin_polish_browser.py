@@ -1,5 +1,6 @@
-"""Issue 12 in a real headless Chromium: the job list fits 1,400 px with the
-navigation sidebar open, and the add form says a cron in words as it is typed.
+"""Issue 12 in a real headless Chromium: the job list and the run history fit
+1,400 px with the navigation sidebar open, and the add form says a cron in
+words as it is typed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
 from tests.browser.test_admin_browser import CHROMIUM, page, seed_fleet
@@ -39,7 +41,7 @@ def log_in(page: Any, admin: str) -> None:
     page.wait_for_selector("#site-name")
 
 
-def test_the_job_list_fits_1400_px_with_the_sidebar_open(
+def test_the_job_list_and_runs_fit_1400_px_with_the_sidebar_open(
         page: Any, live_server: Any, admin_user: Any, zstore: Store, artifacts: Path) -> None:
     seed_fleet(zstore)
     # The widest cells: a long name and URL, a one-off days ahead, a zone of three parts.
@@ -50,6 +52,17 @@ def test_the_job_list_fits_1400_px_with_the_sidebar_open(
         run_at=timezone.now() + timedelta(days=3))
     ZSchedJob.objects.create(name="Buenos Aires", url="https://a.example/ba",
                              cron="0 9 * * 1-5", timezone="America/Argentina/Buenos_Aires")
+    # A run with every timing (seed_fleet's have none) on another day than today.
+    row = ZSchedJob.objects.get(name="Tagesschau feed")
+    zstore.run_now(row.job_id)
+    claimed = next(c for c in zstore.claim().jobs if c.job.id == row.job_id)
+    due = claimed.occurrence - 3 * 86_400_000
+    zstore.settle(row.job_id, claimed.occurrence, claimed.attempt, "error",
+                  error="TargetError: HTTP 503 from https://www.statistik-berlin-brandenburg.de/"
+                        "publikationen/statistische-berichte/2026/a-long-path.xml",
+                  event={"due_ms": due, "promoted_ms": due + 12_345, "started_ms": due + 98_765,
+                         "lateness_ms": 12_345, "wait_ms": 86_420, "duration_ms": 23_456})
+    drain()
     admin = f"{live_server.url}/admin/"
     log_in(page, admin)
     assert page.viewport_size["width"] == 1400
@@ -58,6 +71,14 @@ def test_the_job_list_fits_1400_px_with_the_sidebar_open(
     widths = page.evaluate(WIDTHS)
     assert widths["nav"] > 200  # open, not folded
     page.screenshot(path=str(artifacts / "admin-changelist-sidebar.png"), full_page=True)
+    assert widths["page"][0] <= widths["page"][1], widths
+    assert widths["results"][0] <= widths["results"][1], widths
+
+    # The run history too (seed_fleet settled five runs, two with long errors; one more above).
+    page.goto(admin + "zsched/zschedrun/")
+    assert page.locator("#result_list tbody tr").count() == 6
+    widths = page.evaluate(WIDTHS)
+    page.screenshot(path=str(artifacts / "admin-runs-sidebar.png"), full_page=True)
     assert widths["page"][0] <= widths["page"][1], widths
     assert widths["results"][0] <= widths["results"][1], widths
 

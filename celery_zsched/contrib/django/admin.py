@@ -46,7 +46,7 @@ from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
 from .next_run_order import next_run_page
 from .preview_admin import COUNT, fires_html, preview_url
 from .preview_admin import urls as preview_urls
-from .runs_admin import RunColumns
+from .runs_admin import DELAYS_HELP, RunColumns
 from .words import every, job_in_words
 
 #: Attribute of a row instance that holds its live Redis state for this request.
@@ -301,6 +301,7 @@ class RecentRunsInline(RunColumns,
     extra = 0
     can_delete = False
     verbose_name_plural = f"recent runs (newest {RECENT_RUNS}, copied from Redis by zsched_drain)"
+    help_text = DELAYS_HELP  # shown under the heading by recent_runs.html
     fields = ("finished", "status_badge", "attempt", "scheduled", "wait", "lateness",
               "duration", "short_error", "task_id")
     readonly_fields = fields
@@ -654,8 +655,10 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
 class ZSchedRunAdmin(RunColumns, admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
     """The whole run history, read-only (written by ``zsched_drain``)."""
 
-    list_display = ("finished", "job_name", "job_id", "status_badge", "attempt", "scheduled",
-                    "wait", "lateness", "duration", "short_error")
+    change_list_template = "admin/zsched/zschedrun/change_list.html"
+    # The attempt goes under the status: the list fits 1,400 px with both sidebars.
+    list_display = ("finished", "job_name", "status_badge", "scheduled", "wait", "lateness",
+                    "duration", "short_error")
     list_filter = ("status",)
     search_fields = ("job_id", "task_id")
     date_hierarchy = "finished_at"
@@ -674,8 +677,16 @@ class ZSchedRunAdmin(RunColumns, admin.ModelAdmin):  # type: ignore[type-arg, mi
     def get_queryset(self, request: HttpRequest) -> QuerySet[ZSchedRun]:
         return super().get_queryset(request).order_by("-finished_at", "-id")
 
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"zsched_help": DELAYS_HELP,
+                                                 **(extra_context or {})})
+
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: ZSchedRun) -> SafeString:
+        if run.attempt > 1:
+            return format_html("{}<br><small>attempt {}</small>", badge(run.status),
+                               run.attempt)
         return badge(run.status)
 
     @admin.display(description="error")
