@@ -320,6 +320,11 @@ def test_the_runs_list_shows_job_names_zoned_seconds_wait_and_lateness(
     # wait = picked up - scheduled (4.75 s); lateness = published - scheduled (1.25 s).
     assert cells(html, "wait") == ["4750 ms"] and cells(html, "lateness") == ["1250 ms"]
     assert "Wait: picked up minus scheduled" in html  # the columns explained
+    assert cells(html, "status_badge") == ["Complete"]
+    ZSchedRun.objects.create(job_id=row.job_id, occurrence=1, attempt=3, status="retrying",
+                             finished_at=timezone.now(), stream_id="1-1")
+    retry = cells(html_of(admin_client.get(reverse(RUNS))), "status_badge")
+    assert retry == ["Error, retrying attempt 3", "Complete"]
 
 
 def test_a_run_of_a_job_without_a_row_shows_its_id(admin_client: Client, zstore: Store) -> None:
