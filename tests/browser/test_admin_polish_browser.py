@@ -102,6 +102,14 @@ def test_typing_a_cron_says_it_in_words_before_saving(
     page.wait_for_function(
         "() => document.querySelector('#zsched-words').textContent"
         " === 'At 08:30, Monday through Friday (America/New_York time)'")
+    # A one-off: the date and time boxes are read in TIME_ZONE (Europe/Berlin), as
+    # saving reads them, and said in the job's zone.
+    page.fill("#id_cron", "")
+    page.fill("#id_run_at_0", "2031-01-15")
+    page.fill("#id_run_at_1", "09:30:00")
+    page.wait_for_function(
+        "() => document.querySelector('#zsched-words').textContent"
+        " === 'Once, at 2031-01-15 03:30:00 EST (America/New_York)'")
     # The zone box suggests zones as they are typed, from a list in the page.
     assert page.locator("datalist#zsched-timezones option[value='Europe/Berlin']").count() == 1
     assert not ZSchedJob.objects.exists()  # nothing was saved
