@@ -75,6 +75,7 @@ def test_the_preview_endpoint_returns_the_timing_in_plain_words(admin_client: Cl
         "At 09:00, only on Monday (Europe/Berlin time), only on days matching both day fields"
     assert words(interval_s="7200", jitter_s="30") == \
         "Every 2 hours, plus up to 30 s of random jitter"
+    assert words() == "Every 5 minutes"  # no timing: the default interval (300 s)
     # A naive time is read as the form reads it: in TIME_ZONE, not the job's zone.
     assert words(run_at="2031-01-15T09:30:00", timezone="America/New_York") == \
         "Once, at 2031-01-15 03:30:00 EST (America/New_York)"

@@ -37,8 +37,8 @@ def describe_cron(expr: str) -> str:
 def job_in_words(job: Job) -> str:
     """``job``'s timing as a sentence: "Every 15 minutes (Europe/Berlin time)".
 
-    ``job`` has been through :meth:`Job.from_dict`, so its cron is valid and
-    a job without any timing already carries the default interval.
+    ``job`` has been through :meth:`Job.from_dict`, so its cron and zone are
+    valid and a job without any timing already carries the default interval.
     """
     if job.cron:
         text = f"{describe_cron(' '.join(job.cron.split()))} ({job.timezone} time)"
@@ -48,10 +48,9 @@ def job_in_words(job: Job) -> str:
     elif job.run_at is not None:
         local = ms_to_dt(job.run_at).astimezone(ZoneInfo(job.timezone))
         text = f"Once, at {local.strftime('%Y-%m-%d %H:%M:%S %Z')} ({job.timezone})"
-    elif job.interval_s:
-        text = every(job.interval_s).capitalize()
     else:
-        text = "Every CELERY_ZSCHED_DEFAULT_INTERVAL_S seconds"
+        assert job.interval_s is not None  # from_dict gives a job without timing the default
+        text = every(job.interval_s).capitalize()
     if job.jitter_s:
         text += f", plus up to {job.jitter_s:g} s of random jitter"
     return text
