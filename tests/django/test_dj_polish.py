@@ -370,3 +370,26 @@ def test_with_redis_down_the_sort_and_the_dead_filter_say_so(
     assert response.status_code == 200 and changelist_ids(response) == []
     assert any(str(m).startswith("Cannot filter by dead letters: Redis unreachable")
                for m in response.context["messages"])
+
+
+def test_saving_the_job_page_posts_the_inline_back_and_changes_no_run(
+        admin_client: Client, zstore: Store, make_row: Callable[..., ZSchedJob],
+        django_capture_on_commit_callbacks: Any) -> None:
+    row = make_row(name="Heise news")
+    for n in range(2):
+        settle_once(zstore, row.job_id, event={"task_id": f"task-{n}", "duration_ms": 5})
+    drain()
+    before = list(ZSchedRun.objects.order_by("id").values())
+    html = html_of(admin_client.get(reverse(CHANGE, args=[row.pk])))
+    hidden = dict(re.findall(r'<input type="hidden" name="(runs-[^"]+)" value="([^"]*)"', html))
+    # What Django's own tabular template posts: the management form, each row's id and job.
+    assert set(hidden) == {"runs-TOTAL_FORMS", "runs-INITIAL_FORMS", "runs-MIN_NUM_FORMS",
+                           "runs-MAX_NUM_FORMS", "runs-0-id", "runs-0-job", "runs-1-id",
+                           "runs-1-job"}
+    assert hidden["runs-INITIAL_FORMS"] == "2"
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(reverse(CHANGE, args=[row.pk]), form_data(
+            **hidden, name="Heise newsticker", url=row.url, interval_s="60"))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert ZSchedJob.objects.get(pk=row.pk).name == "Heise newsticker"
+    assert list(ZSchedRun.objects.order_by("id").values()) == before
