@@ -73,12 +73,13 @@ _MAX_LISTED = 50
 _OPTION_OF = {
     "interval_s": "--interval", "timezone": "--tz", "jitter_s": "--jitter",
     "expires_s": "--expires", "misfire_grace_s": "--misfire-grace", "enabled": "--paused",
-    "kwargs": "--kwarg", "args": "--arg",
+    "kwargs": "--kwarg", "args": "--arg", "retry_base_s": "--retry-base",
 }
 
 # A job field's name as a word of a message ("after start_at", "one of interval_s, cron").
 _FIELD_WORD = re.compile(r"(?<![\w-])(interval_s|cron|run_at|start_at|end_at|timezone|jitter_s|"
-                         r"expires_s|misfire_grace_s|max_runs|day_rule)(?![\w-])(?! expression)")
+                         r"expires_s|misfire_grace_s|max_runs|day_rule|retry_max|retry_base_s)"
+                         r"(?![\w-])(?! expression)")
 
 
 def _option_of(field: str) -> str:
@@ -243,6 +244,14 @@ _ADD_OPTIONS = [
     _option("--priority", type=int, group="Routing", help="Message priority (0-255)."),
     _option("--expires", type=float, group="Routing",
             help="Seconds after its due time that a message expires."),
+    _option("--domain", group="Routing",
+            help="Pace the job under this domain instead of its URL's host."),
+    _option("--retry-max", type=int, group="Retries",
+            help="Retries after an error before the next regular run "
+                 "(default: zsched_retry_max)."),
+    _option("--retry-base", type=float, group="Retries",
+            help="First retry delay in seconds, doubled per retry "
+                 "(default: zsched_retry_base_s)."),
 ]
 
 
@@ -264,7 +273,8 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
         "end_at": _time_arg(opts["end_at"]), "jitter_s": opts["jitter"],
         "max_runs": opts["max_runs"], "misfire_grace_s": opts["misfire_grace"],
         "queue": opts["queue"], "routing_key": opts["routing_key"],
-        "priority": opts["priority"], "expires_s": opts["expires"],
+        "priority": opts["priority"], "expires_s": opts["expires"], "domain": opts["domain"],
+        "retry_max": opts["retry_max"], "retry_base_s": opts["retry_base"],
         "meta": _pairs("--meta", opts["meta"], as_json=False),
         "kwargs": _pairs("--kwarg", opts["kwarg"], as_json=True),
         "args": [_maybe_json(value, "args") for value in opts["arg"]],
