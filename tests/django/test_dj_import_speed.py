@@ -26,8 +26,8 @@ ROWS = 100_000 if SOAK else 20_000
 
 @pytest.mark.slow
 @pytest.mark.django_db
-def test_a_large_csv_import_writes_every_row_to_the_database_and_redis(tmp_path: Path, zstore: Store,
-                                                  rclient: redis.Redis) -> None:
+def test_a_large_csv_import_writes_every_row_to_the_database_and_redis(
+        tmp_path: Path, zstore: Store, rclient: redis.Redis) -> None:
     path = tmp_path / "jobs.csv"
     with path.open("w", encoding="utf-8") as fp:
         fp.write("url,interval_s,cron,timezone,meta\n")
