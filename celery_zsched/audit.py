@@ -1,0 +1,244 @@
+"""The audit trail: who changed which job, when, how (a field diff) and why.
+
+Every mutating :class:`~celery_zsched.store.Store` method takes the
+:class:`Actor` that asks for it (``by=``) and an optional ``note=``. The Lua
+script that makes the change appends one entry per changed job to its
+partition's capped audit stream in the same call, so a change and its record
+are one atomic step, and the diff is taken against the definition the change
+really replaced. A change that changes nothing (an unchanged re-import, a pause
+of a paused job) records nothing.
+
+Stream entry fields (written by ``upsert.lua`` and ``control.lua``):
+``id`` job id, ``action``, ``kind`` and ``by`` (the actor), ``note`` (when
+given), and either ``diff`` (JSON ``{field: [old, new]}``, edits and state
+changes) or ``def`` (the whole definition JSON: created, or deleted). The
+entry id's milliseconds are the time of the change on the Redis clock.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from .errors import redis_unavailable
+from .job import Job
+
+if TYPE_CHECKING:
+    from .store import Store
+
+#: Who may change a job.
+ACTOR_KINDS = ("admin", "cli", "import", "reconcile", "api")
+#: What a change did. ``reset`` is the admin's "reset failures".
+ACTIONS = ("create", "edit", "pause", "resume", "run_now", "delete", "requeue", "purge",
+           "reset")
+#: Longest note kept (a note is a sentence, not a document).
+NOTE_MAX = 1000
+#: Longest actor name kept.
+NAME_MAX = 150
+
+
+def _job_defaults() -> dict[str, Any]:
+    job = Job(id="_", task="_")
+    return {name: getattr(job, name) for name in job.__dataclass_fields__
+            if name not in ("id", "task")}
+
+
+#: A field's value where a definition leaves it out (``Job.to_json`` omits defaults).
+_FIELD_DEFAULTS = _job_defaults()
+
+
+def local_user() -> str:
+    """``user@host`` of this process: who ran a CLI or a management command."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for the uid (containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who made a change: a ``kind`` of :data:`ACTOR_KINDS` and a name.
+
+    The name says which one: the admin's username, ``user@host`` for the CLI
+    and management commands, the file of an import.
+    """
+
+    kind: str = "api"
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ACTOR_KINDS:
+            raise ValueError(f"actor kind must be one of {', '.join(ACTOR_KINDS)}, "
+                             f"got {self.kind!r}")
+        if len(self.name) > NAME_MAX:
+            object.__setattr__(self, "name", self.name[:NAME_MAX])
+
+    @classmethod
+    def cli(cls) -> Actor:
+        """The user of this shell."""
+        return cls("cli", local_user())
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+
+#: The actor of store calls that name none (Python code using the API).
+API = Actor("api")
+
+
+def check_note(note: str) -> str:
+    """``note`` trimmed; raises ``ValueError`` naming the field when it is too long."""
+    note = note.strip()
+    if len(note) > NOTE_MAX:
+        raise ValueError(f"note must be at most {NOTE_MAX} characters, got {len(note)}")
+    return note
+
+
+def audit_args(maxlen: int, by: Actor | None, note: str) -> dict[str, Any]:
+    """The ARGV values the mutating scripts take to record a change."""
+    actor = by or API
+    return {"audit_maxlen": maxlen, "actor_kind": actor.kind, "actor_name": actor.name,
+            "note": check_note(note)}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One recorded change of one job."""
+
+    job_id: str
+    #: Epoch ms on the Redis clock.
+    at_ms: int
+    actor: Actor
+    action: str
+    #: ``{field: [old, new]}`` of the definition fields that changed (``enabled``
+    #: is the paused state). A create lists the fields its definition sets, from
+    #: ``None``; a delete the fields the deleted definition set, to ``None``.
+    diff: dict[str, list[Any]] = field(default_factory=dict)
+    note: str = ""
+    #: The stream entry id (``partition/id`` with several partitions).
+    stream_id: str = ""
+
+    @property
+    def at(self) -> datetime:
+        """The time of the change, UTC."""
+        return datetime.fromtimestamp(self.at_ms / 1000, tz=timezone.utc)
+
+    @classmethod
+    def from_entry(cls, stream_id: str, fields: Mapping[str, str]) -> Change:
+        """The change of one audit stream entry (``stream_id`` may carry ``partition/``)."""
+        at_ms = int(stream_id.rpartition("/")[2].partition("-")[0] or 0)
+        action = fields.get("action", "")
+        if "def" in fields:
+            # The fields the definition sets: the others are at their defaults.
+            definition = json.loads(fields["def"])
+            gone = action == "delete"
+            diff = {name: [value, None] if gone else [None, value]
+                    for name, value in definition.items()}
+        else:
+            diff = {name: [_fill(name, old), _fill(name, new)]
+                    for name, (old, new) in json.loads(fields.get("diff") or "{}").items()}
+        kind = fields.get("kind", "api")
+        return cls(job_id=fields.get("id", ""), at_ms=at_ms,
+                   actor=Actor(kind if kind in ACTOR_KINDS else "api", fields.get("by", "")),
+                   action=action, diff=dict(sorted(diff.items())),
+                   note=fields.get("note", ""), stream_id=stream_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (``zsched history --json``)."""
+        return {"job_id": self.job_id, "at": self.at.isoformat().replace("+00:00", "Z"),
+                "at_ms": self.at_ms, "actor_kind": self.actor.kind,
+                "actor_name": self.actor.name, "action": self.action, "diff": self.diff,
+                "note": self.note, "stream_id": self.stream_id}
+
+
+def _fill(name: str, value: Any) -> Any:
+    # The scripts see a field a definition leaves out as null; it means the default.
+    return _FIELD_DEFAULTS.get(name) if value is None else value
+
+
+# ------------------------------------------------------------------ reading
+#: Stream entries read per round trip while looking for one job's changes.
+SCAN_PAGE = 1000
+
+
+def _checked(store: Store) -> None:
+    if not store.layout_checked:
+        store.check_layout()
+
+
+def _decoded(rows: Any) -> list[tuple[str, dict[str, str]]]:
+    return [(str(sid), {str(k): str(v) for k, v in (fields or {}).items()})
+            for sid, fields in rows or []]
+
+
+def history(store: Store, job_id: str, limit: int = 20) -> list[Change]:
+    """The newest ``limit`` recorded changes of ``job_id``, newest first.
+
+    Reads its partition's stream backwards, a page at a time, until it has
+    ``limit`` of them or the stream ends: a job changed rarely among many costs a
+    scan of the stream (at most ``zsched_audit_maxlen`` entries), in Redis'
+    time one page at a time, never all at once.
+    """
+    key = store.part_of(job_id).audit
+    out: list[Change] = []
+    upper = "+"
+    with redis_unavailable():
+        _checked(store)
+        while len(out) < limit:
+            rows = _decoded(store.client.xrevrange(key, max=upper, min="-", count=SCAN_PAGE))
+            out += [Change.from_entry(sid, fields) for sid, fields in rows
+                    if fields.get("id") == job_id]
+            if len(rows) < SCAN_PAGE:
+                break
+            upper = f"({rows[-1][0]}"
+    return out[:limit]
+
+
+def entries(store: Store, after: str = "0", count: int = 1000,
+            part: int = 0) -> list[tuple[str, dict[str, str]]]:
+    """Audit entries of partition ``part`` after stream id ``after``, oldest first."""
+    with redis_unavailable():
+        _checked(store)
+        return _decoded(store.client.xrange(store.parts[part].audit,
+                                            min=f"({after}" if after != "0" else "-",
+                                            count=count))
+
+
+def cursor(store: Store, part: int = 0) -> str:
+    """Stream id of the last audit entry of partition ``part`` copied into the
+    Django change history ("0" before any)."""
+    with redis_unavailable():
+        return str(store.client.get(store.parts[part].audit_cursor) or "0")
+
+
+def _order(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+def advance_cursor(store: Store, to: str, part: int = 0) -> bool:
+    """Move partition ``part``'s audit cursor forward to ``to``; never backwards
+    (two drains may race)."""
+    key = store.parts[part].audit_cursor
+    with redis_unavailable(), store.client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                current = pipe.get(key)
+                if current and _order(str(current)) >= _order(to):
+                    pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.set(key, to)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
