@@ -37,8 +37,8 @@ from celery_zsched.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
 from celery_zsched.timing import ms_to_dt
 
-from .audit import admin_actor
-from .audit_admin import AuditedAdminMixin, RecentChangesInline, request_note
+from .audit import admin_actor, request_note
+from .audit_admin import AuditedAdminMixin, RecentChangesInline
 from .conf import get_store
 from .dead_admin import DeadLetterAdminViews
 from .domains_admin import DomainAdminViews

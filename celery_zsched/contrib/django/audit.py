@@ -58,6 +58,11 @@ def current() -> tuple[Actor, str]:
     return _ACTING.get() or (audit.API, "")
 
 
+def request_note(request: HttpRequest) -> str:
+    """The note the admin user typed with an action or a button ("" if none)."""
+    return str(request.POST.get("note", "")).strip()
+
+
 def admin_actor(request: HttpRequest) -> Actor:
     """The admin user of ``request``."""
     user = getattr(request, "user", None)

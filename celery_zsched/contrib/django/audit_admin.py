@@ -34,11 +34,6 @@ RECENT_CHANGES = 20
 VALUE_WIDTH = 60
 
 
-def request_note(request: HttpRequest) -> str:
-    """The note the admin user typed with an action or a button ("" if none)."""
-    return str(request.POST.get("note", "")).strip()
-
-
 class AuditActionForm(ActionForm):
     """The changelist's action menu, with a note kept with the change (for pause...)."""
 
@@ -154,7 +149,8 @@ class ZSchedJobChangeAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-ar
     list_display = ("at", "job_id", "action", "actor_kind", "actor_name", "changes",
                     "short_note")
     list_filter = ("action", "actor_kind")
-    search_fields = ("job_id", "actor_name", "note")
+    # And the exact job id (get_search_results): the job column is a foreign key.
+    search_fields = ("actor_name", "note")
     date_hierarchy = "at"
     list_per_page = 100
     # The job column is the raw id: a deleted job's trail stays readable.
@@ -167,6 +163,14 @@ class ZSchedJobChangeAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-ar
     def get_queryset(self, request: HttpRequest) -> QuerySet[ZSchedJobChange]:
         queryset: QuerySet[ZSchedJobChange] = super().get_queryset(request)
         return queryset.order_by("-at", "-id")
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[ZSchedJobChange],
+                           search_term: str) -> tuple[QuerySet[ZSchedJobChange], bool]:
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term:
+            found = found | queryset.filter(job_id=term)
+        return found, duplicates
 
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
