@@ -134,7 +134,8 @@ class Change:
     @classmethod
     def from_entry(cls, stream_id: str, fields: Mapping[str, str]) -> Change:
         """The change of one audit stream entry (``stream_id`` may carry ``partition/``)."""
-        at_ms = int(stream_id.rpartition("/")[2].partition("-")[0] or 0)
+        # "at": an entry that repartition moved to another stream keeps its time.
+        at_ms = int(fields.get("at") or stream_id.rpartition("/")[2].partition("-")[0] or 0)
         action = fields.get("action", "")
         if "def" in fields:
             # The fields the definition sets: the others are at their defaults.
@@ -182,24 +183,34 @@ def _decoded(rows: Any) -> list[tuple[str, dict[str, str]]]:
 def history(store: Store, job_id: str, limit: int = 20) -> list[Change]:
     """The newest ``limit`` recorded changes of ``job_id``, newest first.
 
-    Reads its partition's stream backwards, a page at a time, until it has
-    ``limit`` of them or the stream ends: a job changed rarely among many costs a
-    scan of the stream (at most ``zsched_audit_maxlen`` entries), in Redis'
-    time one page at a time, never all at once.
+    Reads each partition's stream backwards, a page at a time, until it has
+    ``limit`` of the job's changes or the stream ends. A job's changes are in
+    its partition's stream, unless ``zsched repartition`` moved the job since:
+    so every partition is read (with one partition, the default, that is one
+    stream). A job changed rarely among many costs a scan of the streams (at
+    most ``zsched_audit_maxlen`` entries each), a page per round trip.
     """
-    key = store.part_of(job_id).audit
-    out: list[Change] = []
-    upper = "+"
+    found: list[Change] = []
     with redis_unavailable():
         _checked(store)
-        while len(out) < limit:
-            rows = _decoded(store.client.xrevrange(key, max=upper, min="-", count=SCAN_PAGE))
-            out += [Change.from_entry(sid, fields) for sid, fields in rows
-                    if fields.get("id") == job_id]
-            if len(rows) < SCAN_PAGE:
-                break
-            upper = f"({rows[-1][0]}"
-    return out[:limit]
+        for part, keys in enumerate(store.parts):
+            label = f"{part}/" if store.partitions > 1 else ""
+            found += _scan(store, keys.audit, job_id, limit, label)
+    found.sort(key=lambda c: (c.at_ms, _order(c.stream_id.rpartition("/")[2])), reverse=True)
+    return found[:limit]
+
+
+def _scan(store: Store, key: str, job_id: str, limit: int, label: str) -> list[Change]:
+    out: list[Change] = []
+    upper = "+"
+    while len(out) < limit:
+        rows = _decoded(store.client.xrevrange(key, max=upper, min="-", count=SCAN_PAGE))
+        out += [Change.from_entry(label + sid, fields) for sid, fields in rows
+                if fields.get("id") == job_id]
+        if len(rows) < SCAN_PAGE:
+            break
+        upper = f"({rows[-1][0]}"
+    return out
 
 
 def entries(store: Store, after: str = "0", count: int = 1000,

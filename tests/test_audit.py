@@ -3,6 +3,7 @@ script that makes the change, with the diff against what it replaced."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from celery_zsched import audit
 from celery_zsched.audit import Actor, Change
 from celery_zsched.importer import import_file
 from celery_zsched.job import Job
+from celery_zsched.repartition import repartition
 from celery_zsched.store import Store
 from tests.dead_letters import dead_job, kill
 
@@ -150,3 +152,20 @@ def test_bad_actor_and_note_are_refused_naming_the_field(store: Store) -> None:
     with pytest.raises(ValueError, match="note must be at most"):
         store.upsert(job(), note="x" * (audit.NOTE_MAX + 1))
     assert store.get_many(["j1"]) == [None]
+
+
+def test_repartition_keeps_every_jobs_trail_and_its_times(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store(partitions=3)
+    store.upsert_many([job(f"j{i}") for i in range(30)], by=ALICE)
+    store.pause("j1", by=ALICE, note="before the move")
+    before = {f"j{i}": [(c.action, c.at_ms, c.note) for c in audit.history(store, f"j{i}")]
+              for i in range(30)}
+    repartition(store.client, store.settings, 1)
+    merged = Store(store.client, dataclasses.replace(store.settings, partitions=1))
+    after = {f"j{i}": [(c.action, c.at_ms, c.note) for c in audit.history(merged, f"j{i}")]
+             for i in range(30)}
+    assert after == before
+    assert store.client.exists(*(k.audit for k in store.parts[1:])) == 0
+    merged.resume("j1", by=ALICE)
+    assert [c.action for c in audit.history(merged, "j1")] == ["resume", "pause", "create"]
