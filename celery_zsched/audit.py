@@ -10,9 +10,14 @@ of a paused job) records nothing.
 
 Stream entry fields (written by ``upsert.lua`` and ``control.lua``):
 ``id`` job id, ``action``, ``kind`` and ``by`` (the actor), ``note`` (when
-given), and either ``diff`` (JSON ``{field: [old, new]}``, edits and state
-changes) or ``def`` (the whole definition JSON: created, or deleted). The
-entry id's milliseconds are the time of the change on the Redis clock.
+given), and then: ``def``, the definition JSON (created, or deleted); or
+``old``, ``new`` and ``was`` (an edit: the replaced and the new definition,
+and whether the job was enabled, "1"/"0"); or ``diff``, JSON
+``{field: [old, new]}`` (pause and resume: ``enabled``). The scripts only
+compare strings; :meth:`Change.from_entry` works out an edit's field diff when
+the entry is read, which keeps a bulk import cheap. The entry id's
+milliseconds are the time of the change on the Redis clock (``at`` instead,
+when ``zsched repartition`` moved the entry to another stream).
 """
 
 from __future__ import annotations
@@ -127,6 +132,11 @@ class Change:
     stream_id: str = ""
 
     @property
+    def empty(self) -> bool:
+        """An edit that changed no value (a number spelt another way): not shown."""
+        return self.action == "edit" and not self.diff
+
+    @property
     def at(self) -> datetime:
         """The time of the change, UTC."""
         return datetime.fromtimestamp(self.at_ms / 1000, tz=timezone.utc)
@@ -143,9 +153,12 @@ class Change:
             gone = action == "delete"
             diff = {name: [value, None] if gone else [None, value]
                     for name, value in definition.items()}
+        elif "old" in fields:
+            diff = definition_diff(json.loads(fields["old"]), json.loads(fields["new"]),
+                                   was_enabled=fields.get("was") != "0")
         else:
-            diff = {name: [_fill(name, old), _fill(name, new)]
-                    for name, (old, new) in json.loads(fields.get("diff") or "{}").items()}
+            diff = {name: list(pair)
+                    for name, pair in json.loads(fields.get("diff") or "{}").items()}
         kind = fields.get("kind", "api")
         return cls(job_id=fields.get("id", ""), at_ms=at_ms,
                    actor=Actor(kind if kind in ACTOR_KINDS else "api", fields.get("by", "")),
@@ -160,9 +173,22 @@ class Change:
                 "note": self.note, "stream_id": self.stream_id}
 
 
-def _fill(name: str, value: Any) -> Any:
-    # The scripts see a field a definition leaves out as null; it means the default.
-    return _FIELD_DEFAULTS.get(name) if value is None else value
+def definition_diff(old: Mapping[str, Any], new: Mapping[str, Any], *,
+                    was_enabled: bool) -> dict[str, list[Any]]:
+    """``{field: [old, new]}`` of two stored definitions (``Job.to_json``).
+
+    A field a definition leaves out is at its default. ``enabled`` is compared
+    as the paused state had it (``was_enabled``): the stored definition keeps
+    the value it was last written with.
+    """
+    old = {**old, "enabled": was_enabled}
+    diff: dict[str, list[Any]] = {}
+    for name in sorted((set(old) | set(new)) - {"id"}):
+        before = old.get(name, _FIELD_DEFAULTS.get(name))
+        after = new.get(name, _FIELD_DEFAULTS.get(name))
+        if before != after:  # 60 and 60.0 are one interval
+            diff[name] = [before, after]
+    return diff
 
 
 # ------------------------------------------------------------------ reading
@@ -205,8 +231,8 @@ def _scan(store: Store, key: str, job_id: str, limit: int, label: str) -> list[C
     upper = "+"
     while len(out) < limit:
         rows = _decoded(store.client.xrevrange(key, max=upper, min="-", count=SCAN_PAGE))
-        out += [Change.from_entry(label + sid, fields) for sid, fields in rows
-                if fields.get("id") == job_id]
+        out += [change for sid, fields in rows if fields.get("id") == job_id
+                and not (change := Change.from_entry(label + sid, fields)).empty]
         if len(rows) < SCAN_PAGE:
             break
         upper = f"({rows[-1][0]}"

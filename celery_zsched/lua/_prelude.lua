@@ -157,14 +157,16 @@ local function domain_land(get, st, id)
 end
 
 -- ------------------------------------------------------------ audit trail
--- One entry of a partition's capped audit stream (see celery_zsched/audit.py
--- for its fields). ``A`` holds the stream key, its cap (0: record nothing), the
--- actor's kind and name and the note; ``name``/``value`` is the diff or def.
-local function audit_add(A, id, action, name, value)
+-- One entry of a partition's capped audit stream (fields: see
+-- celery_zsched/audit.py). ``A`` holds the stream key, its cap (0: record
+-- nothing), the actor's kind and name and the note; ``...`` are more field,
+-- value pairs (the diff, or the definitions). Diffs are worked out by the
+-- reader, from the definitions: Lua only compares strings.
+local function audit_add(A, id, action, ...)
   if A.maxlen <= 0 then return end
   local f = {"id", id, "action", action, "kind", A.kind, "by", A.by}
   if A.note ~= "" then f[#f + 1], f[#f + 2] = "note", A.note end
-  if name then f[#f + 1], f[#f + 2] = name, value end
+  for _, v in ipairs({...}) do f[#f + 1] = v end
   redis.call("XADD", A.stream, "MAXLEN", "~", A.maxlen, "*", unpack(f))
 end
 
@@ -173,43 +175,4 @@ end
 local function audit_from(stream, first)
   return {stream = stream, maxlen = tonumber(ARGV[first]) or 0, kind = ARGV[first + 1],
           by = ARGV[first + 2], note = ARGV[first + 3]}
-end
-
-local function deep_equal(a, b)
-  if type(a) ~= type(b) then return false end
-  if type(a) ~= "table" then return a == b end
-  for k, v in pairs(a) do
-    if not deep_equal(v, b[k]) then return false end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then return false end
-  end
-  return true
-end
-
--- The diff {field: [old, new]} of two definition JSONs, with ``enabled`` taken
--- from the paused set (the definition keeps the value it was last written
--- with). Returns nil when nothing differs. A field a definition leaves out is
--- at its default: null here, filled in by the reader.
-local function def_diff(old_raw, new_raw, old_enabled, new_enabled)
-  local old, new = cjson.decode(old_raw), cjson.decode(new_raw)
-  old.enabled, new.enabled = nil, nil
-  local diff, changed = {}, false
-  for k, v in pairs(new) do
-    if not deep_equal(old[k], v) then
-      diff[k] = {old[k] == nil and cjson.null or old[k], v}
-      changed = true
-    end
-  end
-  for k, v in pairs(old) do
-    if new[k] == nil then
-      diff[k] = {v, cjson.null}
-      changed = true
-    end
-  end
-  if old_enabled ~= new_enabled then
-    diff.enabled = {old_enabled, new_enabled}
-    changed = true
-  end
-  return changed and cjson.encode(diff) or nil
 end

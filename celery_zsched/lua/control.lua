@@ -33,7 +33,7 @@ local op = ARGV[1]
 local A = audit_from(KEYS[9], 2)
 local now = now_ms()
 local out = {0}
--- The paused state as a diff of the definition's ``enabled`` (see def_diff).
+-- Pause and resume as a diff of the definition's ``enabled`` (see audit.py).
 local PAUSED, RESUMED = '{"enabled":[true,false]}', '{"enabled":[false,true]}'
 
 for i = 6, #ARGV, 2 do

@@ -40,10 +40,11 @@ for i = 6, #ARGV, 7 do
     if not old then
       audit_add(A, id, "create", "def", def)
     else
+      -- The paused set is the record of "enabled" (the definition keeps the
+      -- value it was last written with): "was" is the value it replaces.
       local was_enabled = redis.call("SISMEMBER", paused, id) == 0
       if old ~= def or was_enabled ~= enabled then
-        local diff = def_diff(old, def, was_enabled, enabled)
-        if diff then audit_add(A, id, "edit", "diff", diff) end
+        audit_add(A, id, "edit", "old", old, "new", def, "was", was_enabled and "1" or "0")
       end
     end
   end

@@ -123,7 +123,7 @@ def _record(changes: list[Change]) -> int:
     rows = [ZSchedJobChange(job_id=c.job_id, at=to_db_datetime(c.at_ms),
                             actor_kind=c.actor.kind, actor_name=c.actor.name,
                             action=c.action, diff=c.diff, note=c.note, stream_id=c.stream_id)
-            for c in changes if c.stream_id not in seen]
+            for c in changes if c.stream_id not in seen and not c.empty]
     # ignore_conflicts too: a concurrent drain may insert the same entries now.
     ZSchedJobChange.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)
     return len(rows)
