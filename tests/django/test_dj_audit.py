@@ -22,6 +22,7 @@ from celery_zsched.contrib.django.audit import drain_changes
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedJobChange
 from celery_zsched.contrib.django.sync import reconcile
+from celery_zsched.repartition import repartition
 from celery_zsched.store import Store
 from tests.dead_letters import kill
 from tests.django.test_admin import ADD, CHANGE, action, form_data
@@ -276,3 +277,20 @@ def test_the_trail_is_read_only_and_visible_to_job_viewers(
     assert client.get(reverse("admin:zsched_zschedjobchange_add")).status_code == 403
     assert ZSchedJobChange.objects.get().note == ""
     assert row.job_id == change.job_id
+
+
+@pytest.mark.parametrize("partitions", [3])
+def test_a_repartition_after_a_drain_copies_nothing_twice(
+        settings: Any, partitions: int, saved: Callable[..., ZSchedJob]) -> None:
+    settings.CELERY_ZSCHED_PARTITIONS = partitions
+    rows = [saved(60 + n) for n in range(9)]
+    assert drain_changes().created == 9
+    store = conf.get_store()
+    store.pause(rows[0].job_id, note="after the drain")
+    repartition(store.client, store.settings, 1)
+    settings.CELERY_ZSCHED_PARTITIONS = 1
+    report = drain_changes()
+    assert report.created == 1  # the pause; the creates were drained before the move
+    assert ZSchedJobChange.objects.count() == 10
+    [pause] = ZSchedJobChange.objects.filter(action="pause")
+    assert (pause.job_id, pause.note) == (rows[0].job_id, "after the drain")
