@@ -152,7 +152,7 @@ class Change:
             definition = json.loads(fields["def"])
             gone = action == "delete"
             diff = {name: [value, None] if gone else [None, value]
-                    for name, value in definition.items()}
+                    for name, value in definition.items() if name != "id"}
         elif "old" in fields:
             diff = definition_diff(json.loads(fields["old"]), json.loads(fields["new"]),
                                    was_enabled=fields.get("was") != "0")

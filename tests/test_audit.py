@@ -37,6 +37,7 @@ def test_create_records_the_definition_and_actor(store: Store) -> None:
     assert (change.action, change.actor, change.note) == ("create", ALICE, "new target")
     assert change.diff["name"] == [None, "first"]
     assert change.diff["interval_s"] == [None, 300]
+    assert "id" not in change.diff  # the job's own id is no field of its diff
     assert abs(change.at_ms - store.now_ms()) < 5000
 
 
