@@ -167,6 +167,8 @@ class Store:
     """Job definitions and their timing state in Redis.
 
     Every time is read from the Redis server's clock (``TIME``), never the host's.
+    Every method that changes jobs takes ``by`` (an :class:`~.audit.Actor`) and
+    ``note``, and records each change in the audit trail (:mod:`.audit`).
     """
 
     def __init__(self, client: Any, settings: Settings | None = None,
