@@ -22,6 +22,7 @@ from celery_zsched.contrib.django.audit import drain_changes
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedJobChange
 from celery_zsched.contrib.django.sync import reconcile
+from celery_zsched.job import Job
 from celery_zsched.repartition import repartition
 from celery_zsched.store import Store
 from tests.dead_letters import kill
@@ -187,11 +188,14 @@ def test_import_records_creates_and_a_reimport_records_nothing(
 def test_reconcile_records_its_pushes_and_prunes(
         zstore: Store, make_row: Callable[..., ZSchedJob]) -> None:
     row = make_row(5, name="before")
-    zstore.upsert(zstore.get(row.job_id).job.__class__.from_dict(
-        {"id": "orphan", "url": "https://c.example/orphan", "interval_s": 60}))
-    # update() sends no signal: Redis learns of it from reconcile.
+    zstore.upsert(Job.from_dict({"id": "orphan", "url": "https://c.example/orphan",
+                                 "interval_s": 60}))
+    # update() and bulk_create() send no signal: Redis learns of them from reconcile.
     ZSchedJob.objects.filter(pk=row.pk).update(name="after")
+    ZSchedJob.objects.bulk_create([ZSchedJob(job_id="fresh", url="https://c.example/new",
+                                             interval_s=60)])
     reconcile()
+    assert actions("fresh") == [("create", "reconcile", audit.local_user())]
     edit = trail(row.job_id)[0]
     assert (edit.action, edit.actor_kind, edit.diff) == (
         "edit", "reconcile", {"name": ["before", "after"]})
