@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from .errors import redis_unavailable
 from .job import Job
 
@@ -264,18 +262,4 @@ def _order(stream_id: str) -> tuple[int, int]:
 def advance_cursor(store: Store, to: str, part: int = 0) -> bool:
     """Move partition ``part``'s audit cursor forward to ``to``; never backwards
     (two drains may race)."""
-    key = store.parts[part].audit_cursor
-    with redis_unavailable(), store.client.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                pipe.watch(key)
-                current = pipe.get(key)
-                if current and _order(str(current)) >= _order(to):
-                    pipe.unwatch()
-                    return False
-                pipe.multi()
-                pipe.set(key, to)
-                pipe.execute()
-                return True
-            except redis.WatchError:
-                continue
+    return store.advance_cursor(store.parts[part].audit_cursor, to)

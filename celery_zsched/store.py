@@ -930,7 +930,12 @@ class Store:
     def advance_drain_cursor(self, cursor: str, part: int = 0) -> bool:
         """Move partition ``part``'s drain cursor forward to ``cursor``; never backwards
         (drains may race)."""
-        key = self.parts[part].drain_cursor
+        return self.advance_cursor(self.parts[part].drain_cursor, cursor)
+
+    @_unavailable
+    def advance_cursor(self, key: str, cursor: str) -> bool:
+        """Set the stream cursor kept at ``key`` to ``cursor``, only forward (a
+        drain that races another never moves it back); False if it was not behind."""
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
