@@ -72,10 +72,12 @@ def test_admin_create_and_edit_are_recorded_with_the_user_and_an_exact_diff(
         capture: Callable[[], Any]) -> None:
     row = add_in_admin(admin_client, capture, url="https://a.example/feed", name="Feed",
                        interval_s="60")
+    page = admin_client.get(reverse(CHANGE, args=[row.pk])).content.decode()
+    assert 'name="zsched_note"' in page
     with capture():
         response = admin_client.post(reverse(CHANGE, args=[row.pk]), form_data(
             url="https://a.example/feed", job_id=row.job_id, name="Feed v2",
-            interval_s="120", jitter_s="5"))
+            interval_s="120", jitter_s="5", zsched_note="slower, the site is small"))
     assert response.status_code == 302, response.context["adminform"].form.errors
     edit, create = trail(row.job_id)
     assert (create.action, create.actor_kind, create.actor_name) == (
@@ -85,6 +87,7 @@ def test_admin_create_and_edit_are_recorded_with_the_user_and_an_exact_diff(
         "edit", "admin", admin_user.username)
     assert edit.diff == {"interval_s": [60, 120], "jitter_s": [None, 5],
                          "name": ["Feed", "Feed v2"]}
+    assert (edit.note, create.note) == ("slower, the site is small", "")
 
 
 def test_an_admin_save_that_changes_nothing_records_nothing(

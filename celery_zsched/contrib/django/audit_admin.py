@@ -28,6 +28,8 @@ from celery_zsched.audit import NOTE_MAX
 from .audit import acting, admin_actor, drain_quietly
 from .models import ZSchedJob, ZSchedJobChange
 
+#: The POST field of the note typed with a save on the job's add or change page.
+NOTE_FIELD = "zsched_note"
 #: Changes shown inline on a job's page; the whole trail is under "Job changes".
 RECENT_CHANGES = 20
 #: A diff value longer than this is cut on the pages (the row keeps it whole).
@@ -50,8 +52,19 @@ class AuditedAdminMixin:
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         # Redis is written on commit; the signal handlers bind the actor now.
-        with acting(admin_actor(request)):
+        note = str(request.POST.get(NOTE_FIELD, "")).strip()[:NOTE_MAX]
+        with acting(admin_actor(request), note):
             super().save_model(request, obj, form, change)  # type: ignore[misc]
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any],
+                           add: bool = False, change: bool = False, form_url: str = "",
+                           obj: Model | None = None) -> HttpResponse:
+        # The form's own fields are the definition: the note is a plain input
+        # the template draws under them, read by save_model.
+        context["zsched_note_field"] = NOTE_FIELD
+        response: HttpResponse = super().render_change_form(  # type: ignore[misc]
+            request, context, add, change, form_url, obj)
+        return response
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
         with acting(admin_actor(request)):
