@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .errors import redis_unavailable
+from .errors import ValidationError, redis_unavailable
 from .job import Job
 
 if TYPE_CHECKING:
@@ -79,8 +79,8 @@ class Actor:
 
     def __post_init__(self) -> None:
         if self.kind not in ACTOR_KINDS:
-            raise ValueError(f"actor kind must be one of {', '.join(ACTOR_KINDS)}, "
-                             f"got {self.kind!r}")
+            raise ValidationError("actor kind", self.kind,
+                                  f"must be one of {', '.join(ACTOR_KINDS)}")
         if len(self.name) > NAME_MAX:
             object.__setattr__(self, "name", self.name[:NAME_MAX])
 
@@ -98,10 +98,11 @@ API = Actor("api")
 
 
 def check_note(note: str) -> str:
-    """``note`` trimmed; raises ``ValueError`` naming the field when it is too long."""
+    """``note`` trimmed; raises :class:`ValidationError` (field ``note``) when too long."""
     note = note.strip()
     if len(note) > NOTE_MAX:
-        raise ValueError(f"note must be at most {NOTE_MAX} characters, got {len(note)}")
+        raise ValidationError("note", f"{len(note)} characters",
+                              f"must be at most {NOTE_MAX} characters")
     return note
 
 

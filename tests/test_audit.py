@@ -12,6 +12,7 @@ import pytest
 
 from celery_zsched import audit
 from celery_zsched.audit import Actor, Change
+from celery_zsched.errors import ValidationError
 from celery_zsched.importer import import_file
 from celery_zsched.job import Job
 from celery_zsched.repartition import repartition
@@ -148,9 +149,9 @@ def test_a_file_import_records_each_created_job_and_a_reimport_nothing(
 
 
 def test_bad_actor_and_note_are_refused_naming_the_field(store: Store) -> None:
-    with pytest.raises(ValueError, match="actor kind"):
+    with pytest.raises(ValidationError, match="actor kind: must be one of admin, cli"):
         Actor("robot")
-    with pytest.raises(ValueError, match="note must be at most"):
+    with pytest.raises(ValidationError, match="note: must be at most 1000 characters"):
         store.upsert(job(), note="x" * (audit.NOTE_MAX + 1))
     assert store.get_many(["j1"]) == [None]
 

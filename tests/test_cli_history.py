@@ -121,3 +121,13 @@ def test_history_of_a_deleted_job_is_still_there_and_of_an_unknown_id_is_an_erro
     result = invoke("history", "never-was")
     assert result.exit_code == 1
     assert "never-was" in result.output
+
+
+def test_a_note_too_long_is_refused_naming_the_field_and_changes_nothing(
+        run: Run, zstore: Store) -> None:
+    run("add", "--id", "n", "--task", "t", "--interval", "60")
+    result = invoke("pause", "n", "--note", "x" * 1001)
+    assert result.exit_code == 65
+    assert "note: must be at most 1000 characters (got '1001 characters')" in result.output
+    assert not zstore.get("n").paused
+    assert [c.action for c in audit.history(zstore, "n")] == ["create"]

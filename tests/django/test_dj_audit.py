@@ -140,7 +140,7 @@ def test_a_note_too_long_changes_nothing(
     row = saved(3)
     response = admin_client.post(reverse("admin:zsched_zschedjob_pause", args=[row.pk]),
                                  {"note": "x" * (audit.NOTE_MAX + 1)}, follow=True)
-    assert "note must be at most" in response.content.decode()
+    assert "note: must be at most 1000 characters" in response.content.decode()
     assert not zstore.get(row.job_id).paused
 
 
