@@ -88,6 +88,9 @@ class Settings:
     misfire_grace_s: float = 0.0
     #: Approximate cap of the settle event stream.
     events_maxlen: int = 100_000
+    #: Approximate cap of each partition's audit stream (changes to jobs, see the
+    #: README's "Operating it: audit trail"); 0 records no changes.
+    audit_maxlen: int = 100_000
     #: Rows per pipelined chunk in bulk imports.
     import_chunk: int = 5000
     #: Pace requests per domain in the claim (see the README's "Politeness").
@@ -276,7 +279,7 @@ class Settings:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
                 )
-        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued",
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued", "audit_maxlen",
                      "domain_delay_s", "domain_max_in_flight", "domain_decrease_s",
                      "domain_start_margin_s",
                      "breaker_min_requests"):

@@ -155,11 +155,21 @@ class Keys:
         """List, on the base prefix: the notices held for the open digest (JSON, capped)."""
         return self._k("notify:held")
 
+    @property
+    def audit(self) -> str:
+        """Capped stream of changes to job definitions and states (the audit trail)."""
+        return self._k("audit")
+
+    @property
+    def audit_cursor(self) -> str:
+        """String: id of the last audit entry copied into the Django change history."""
+        return self._k("audit_cursor")
+
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
             self.defs, self.schedule, self.queued, self.leases, self.state, self.paused,
             self.dead, self.static, self.events, self.counters, self.drain_cursor,
             self.workers, self.domains, self.domain_conf, self.notify_limits,
-            self.notify_digest, self.notify_held,
+            self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
         ]

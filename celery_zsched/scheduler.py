@@ -16,6 +16,7 @@ from celery.beat import Scheduler
 
 from . import notify, signals
 from .appstore import app_timezone
+from .audit import Actor
 from .beat_entries import job_from_entry
 from .config import Settings, redact_url
 from .errors import BrokerUnavailable, StoreUnavailable
@@ -28,6 +29,8 @@ from .telemetry import log_event
 from .visits import Visits
 
 logger = logging.getLogger("celery_zsched")
+#: Who changes the jobs of the ``beat_schedule`` setting: beat, following the config.
+STATIC_ACTOR = Actor("reconcile", "beat_schedule")
 
 #: Longest wait between retries while Redis is unreachable.
 MAX_BACKOFF_S = 30.0
@@ -98,8 +101,8 @@ class ZSchedScheduler(Scheduler):
         try:
             gone = self.store.static_ids() - {job.id for job in jobs}
             if gone:
-                self.store.delete(*sorted(gone))
-            report = self.store.upsert_many(jobs, stagger=False, static=True)
+                self.store.delete(*sorted(gone), by=STATIC_ACTOR)
+            report = self.store.upsert_many(jobs, stagger=False, static=True, by=STATIC_ACTOR)
         except StoreUnavailable as exc:
             logger.warning("zsched: cannot import beat_schedule yet: %s", exc)
             return False

@@ -142,9 +142,11 @@ def _notice_reply(res: Sequence[Any]) -> NoticeGate:
 
 
 # ---------------------------------------------------------------- the scripts
+#: What a mutating script needs to record a change (see :func:`.audit.audit_args`).
+AUDIT_ARGS = ("audit_maxlen", "actor_kind", "actor_name", "note")
 UPSERT = ScriptSpec(
-    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued"),
-    args=("static",),
+    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued", "audit"),
+    args=("static", *AUDIT_ARGS),
     group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain"),
     reply=_counts)
 CLAIM = ScriptSpec(
@@ -178,8 +180,9 @@ RELEASE = ScriptSpec(
     "release", ("queued", "schedule", "state", "domains"),
     group=("id", "occurrence", "attempt"), reply=int)
 CONTROL = ScriptSpec(
-    "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued"),
-    args=("operation",), group=("id", "due_ms"), reply=_control_reply)
+    "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued",
+                "audit"),
+    args=("operation", *AUDIT_ARGS), group=("id", "due_ms"), reply=_control_reply)
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 

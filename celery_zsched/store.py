@@ -20,6 +20,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from . import scripts
+from .audit import Actor, audit_args
 from .config import Settings
 from .connection import is_cluster, redis_client
 from .domains import DomainInfo, domain_sort_key, info_from, normalise_domain
@@ -168,6 +169,8 @@ class Store:
     """Job definitions and their timing state in Redis.
 
     Every time is read from the Redis server's clock (``TIME``), never the host's.
+    Every method that changes jobs takes ``by`` (an :class:`~.audit.Actor`) and
+    ``note``, and records each change in the audit trail (:mod:`.audit`).
     """
 
     def __init__(self, client: Any, settings: Settings | None = None,
@@ -309,15 +312,20 @@ class Store:
         return out
 
     # ----------------------------------------------------------------- writes
-    def upsert(self, job: Job, *, static: bool = False) -> ImportReport:
-        """Store one job. A new job first runs now (cron: its next slot)."""
-        return self.upsert_many([job], stagger=False, static=static)
+    def upsert(self, job: Job, *, static: bool = False, by: Actor | None = None,
+               note: str = "") -> ImportReport:
+        """Store one job. A new job first runs now (cron: its next slot).
+
+        The change is recorded in the audit trail as made ``by`` (default: ``api``).
+        """
+        return self.upsert_many([job], stagger=False, static=static, by=by, note=note)
 
     @_unavailable
     def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
                     total: int | None = None,
                     progress: Callable[[int], None] | None = None,
-                    first_due: dict[str, int | None] | None = None) -> ImportReport:
+                    first_due: dict[str, int | None] | None = None,
+                    by: Actor | None = None, note: str = "") -> ImportReport:
         """Store many jobs, pipelined in chunks; new jobs' first runs are staggered.
 
         Job ``i`` of ``total`` first runs at ``now + i/total * interval + jitter``,
@@ -325,6 +333,8 @@ class Store:
         exist keep their schedule (ZADD NX) unless their timing changed.
         ``first_due`` (id -> epoch ms, ``None`` = never runs) overrides the first
         run of the jobs it names, e.g. to continue another scheduler's timeline.
+        Each created or changed job is recorded in the audit trail as changed
+        ``by`` (default: ``api``), with ``note``; an unchanged one records nothing.
         """
         if total is None:
             jobs = list(jobs)
@@ -333,7 +343,8 @@ class Store:
         now = self.now_ms()
         report = ImportReport(total=total)
         chunks: dict[int, list[tuple[str, ...]]] = defaultdict(list)
-        flag = {"static": "1" if static else "0"}
+        flag = {"static": "1" if static else "0",
+                **audit_args(self.settings.audit_maxlen, by, note)}
         done = 0
         upsert = scripts.UPSERT
         with contextlib.ExitStack() as stack:
@@ -403,13 +414,14 @@ class Store:
         replies = self._pipeline_each(lambda pipe, keys: pipe.smembers(keys.static))
         return {str(m) for (members,) in replies for m in members}
 
-    def _control(self, op: str, ids: Sequence[str],
+    def _control(self, op: str, ids: Sequence[str], by: Actor | None, note: str,
                  dues: Sequence[int | str] | None = None) -> int:
         by_part = self.group([(job_id, dues[i] if dues else 0) for i, job_id in enumerate(ids)],
                              _first)
         size = self.settings.import_chunk
+        args = {"operation": op, **audit_args(self.settings.audit_maxlen, by, note)}
         calls: list[Call] = [
-            (scripts.CONTROL, self.parts[part], rows[start:start + size], {"operation": op})
+            (scripts.CONTROL, self.parts[part], rows[start:start + size], args)
             for part, rows in by_part.items() for start in range(0, len(rows), size)]
         changed, missing = 0, []
         for result in self._run(calls) if calls else []:
@@ -421,17 +433,17 @@ class Store:
         return changed
 
     @_unavailable
-    def delete(self, *ids: str) -> int:
+    def delete(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Delete jobs; an in-flight occurrence's settle will not bring them back."""
-        return self._control("delete", ids)
+        return self._control("delete", ids, by, note)
 
     @_unavailable
-    def pause(self, *ids: str) -> int:
+    def pause(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Pause jobs; an in-flight occurrence still settles but is not rescheduled."""
-        return self._control("pause", ids)
+        return self._control("pause", ids, by, note)
 
     @_unavailable
-    def resume(self, *ids: str) -> int:
+    def resume(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Resume paused (or dead-lettered) jobs; they never run earlier than they would have.
 
         An interval job runs at its last run + interval (or now, if that has
@@ -445,7 +457,7 @@ class Store:
             # "" tells the script the job is over (its end_at has passed): it is
             # unpaused but finished, never run once more.
             dues.append("" if due is None else due)
-        return self._control("resume", ids, dues)
+        return self._control("resume", ids, by, note, dues)
 
     def _resume_due(self, info: JobInfo, now: int) -> int | None:
         job, last = info.job, info.state.last_settled_ms
@@ -455,27 +467,27 @@ class Store:
         return job.first_due_ms(start, self.settings, self.rng)
 
     @_unavailable
-    def run_now(self, *ids: str) -> int:
+    def run_now(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Make jobs due now (jobs in flight are left alone)."""
-        return self._control("run_now", ids)
+        return self._control("run_now", ids, by, note)
 
     @_unavailable
-    def reset_failures(self, *ids: str) -> int:
+    def reset_failures(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Zero failure counters; a dead-lettered job is brought back as due now."""
-        return self._control("reset", ids)
+        return self._control("reset", ids, by, note)
 
     @_unavailable
-    def requeue_dead(self, *ids: str) -> int:
+    def requeue_dead(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Dead letters: unpaused and due now, counters reset (see :mod:`.dead`).
 
         Ids that are not dead letters (any more) are left alone and not counted.
         """
-        return self._control("requeue", ids)
+        return self._control("requeue", ids, by, note)
 
     @_unavailable
-    def purge_dead(self, *ids: str) -> int:
+    def purge_dead(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Dead letters: dropped from the dead set; the jobs are kept, paused."""
-        return self._control("purge", ids)
+        return self._control("purge", ids, by, note)
 
     # ------------------------------------------------------------------ reads
     @_unavailable
@@ -953,7 +965,12 @@ class Store:
     def advance_drain_cursor(self, cursor: str, part: int = 0) -> bool:
         """Move partition ``part``'s drain cursor forward to ``cursor``; never backwards
         (drains may race)."""
-        key = self.parts[part].drain_cursor
+        return self.advance_cursor(self.parts[part].drain_cursor, cursor)
+
+    @_unavailable
+    def advance_cursor(self, key: str, cursor: str) -> bool:
+        """Set the stream cursor kept at ``key`` to ``cursor``, only forward (a
+        drain that races another never moves it back); False if it was not behind."""
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:

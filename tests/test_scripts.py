@@ -739,11 +739,13 @@ def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     before = store_snapshot(store)
     k = store.keys
     with pytest.raises(redis.ResponseError, match="unknown operation"):
-        store.client.eval(_lua("control"), 8, k.defs, k.schedule, k.leases, k.state, k.paused,
-                          k.dead, k.static, k.queued, "explode", "c", 0)
+        store.client.eval(_lua("control"), 9, k.defs, k.schedule, k.leases, k.state, k.paused,
+                          k.dead, k.static, k.queued, k.audit, "explode", 0, "api", "", "",
+                          "c", 0)
     assert store_snapshot(store) == before
-    res = store.client.eval(_lua("control"), 8, k.defs, k.schedule, k.leases, k.state, k.paused,
-                            k.dead, k.static, k.queued, "pause", "c", 0, "missing", 0)
+    res = store.client.eval(_lua("control"), 9, k.defs, k.schedule, k.leases, k.state, k.paused,
+                            k.dead, k.static, k.queued, k.audit, "pause", 0, "api", "", "",
+                            "c", 0, "missing", 0)
     assert res == [1, "missing"]
 
 

@@ -31,12 +31,15 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
+from celery_zsched.audit import Actor, check_note
 from celery_zsched.errors import JobNotFound, StoreUnavailable, ValidationError
 from celery_zsched.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
 from celery_zsched.timing import ms_to_dt
 
 from .admin_times import CLOCK, FULL, zone_label, zone_or_none, zoned, zones_line
+from .audit import admin_actor, request_note
+from .audit_admin import AuditedAdminMixin, RecentChangesInline
 from .conf import get_store
 from .dashboard import DashboardAdminView
 from .dead_admin import DeadLetterAdminViews
@@ -347,7 +350,8 @@ _OPERATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-def apply_operation(operation: str, queryset: QuerySet[ZSchedJob]) -> tuple[int, int, float]:
+def apply_operation(operation: str, queryset: QuerySet[ZSchedJob], *, by: Actor | None = None,
+                    note: str = "") -> tuple[int, int, float]:
     """Run ``operation`` on every job of ``queryset``: (rows, changed in Redis, seconds).
 
     One Store pipeline (the Store chunks the ids inside it) and at most one SQL
@@ -360,7 +364,7 @@ def apply_operation(operation: str, queryset: QuerySet[ZSchedJob]) -> tuple[int,
     if not ids:
         return 0, 0, 0.0
     store_call: Callable[..., int] = getattr(get_store(), method)
-    changed = store_call(*ids)
+    changed = store_call(*ids, by=by, note=note)
     if columns:
         # update() sends no save signals: Redis already has the change, and a
         # per-row on_commit upsert of 10,000 rows is what this avoids.
@@ -383,7 +387,7 @@ def _make_action(operation: str, description: str) -> Callable[..., None]:
 
 # ---------------------------------------------------------------- job admin
 @admin.register(ZSchedJob)
-class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
+class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
     """Scheduled jobs: live next runs, outcomes, run history, and controls."""
 
     change_form_template = "admin/zsched/zschedjob/change_form.html"
@@ -403,7 +407,7 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         _make_action("run_now", "Run selected jobs now"),
         _make_action("reset_failures", "Reset failures of selected jobs"),
     )
-    inlines = (RecentRunsInline,)
+    inlines = (RecentRunsInline, RecentChangesInline)
 
     class Media:
         # Live next fire times as the timing is edited (a static file of this app).
@@ -591,7 +595,13 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
                       queryset: QuerySet[ZSchedJob]) -> bool:
         """Apply ``operation`` and report it as an admin message; False on failure."""
         try:
-            rows, changed, seconds = apply_operation(operation, queryset)
+            note = check_note(request_note(request))
+        except ValueError as exc:
+            self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
+            return False
+        try:
+            rows, changed, seconds = apply_operation(operation, queryset,
+                                                     by=admin_actor(request), note=note)
         except JobNotFound as exc:
             self.message_user(request, f"{exc}: it is not in Redis yet; run "
                               "manage.py zsched_sync to push it.", messages.ERROR)
