@@ -300,12 +300,12 @@ class RecentRunsInline(RunColumns,
     model = ZSchedRun
     formset = RecentRunsFormSet
     # Without the label line Django's tabular inline puts over each row.
-    template = "admin/zsched/zschedjob/recent_runs.html"
+    template = "admin/zsched/readonly_inline.html"
     fk_name = "job"
     extra = 0
     can_delete = False
     verbose_name_plural = f"recent runs (newest {RECENT_RUNS}, copied from Redis by zsched_drain)"
-    help_text = DELAYS_HELP  # shown under the heading by recent_runs.html
+    help_text = DELAYS_HELP  # shown under the heading by readonly_inline.html
     fields = ("finished", "status_badge", "attempt", "scheduled", "wait", "lateness",
               "duration", "short_error", "task_id")
     readonly_fields = fields

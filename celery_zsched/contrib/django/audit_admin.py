@@ -145,6 +145,8 @@ class RecentChangesInline(_ReadOnly, admin.TabularInline):  # type: ignore[type-
                            "Job changes)")
     fields = ("at", "action", "who", "changes", "note")
     readonly_fields = fields
+    # Rows without the label line ("ZSchedJobChange object (N)"), as the runs inline.
+    template = "admin/zsched/readonly_inline.html"
 
     @admin.display(description="by")
     def who(self, change: ZSchedJobChange) -> str:
