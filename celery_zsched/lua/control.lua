@@ -13,6 +13,8 @@
 -- KEYS[6] dead      zset  dead-lettered ids
 -- KEYS[7] static    set   ids from beat_schedule
 -- KEYS[8] queued    zset  id -> delivery deadline ms
+-- KEYS[9] http_schedule  zset  id -> due ms of transport "http" jobs
+-- KEYS[10] http_wake     channel  wakes the job gateways
 -- ARGV[1] operation: pause | resume | run_now | delete | reset | requeue | purge
 --   requeue and purge act on dead letters only (ids in the dead set): a job
 --   another operator requeued or resumed a moment ago is left as it is.
@@ -22,8 +24,8 @@
 -- ARGV[2..] groups of 2: id, due ms (resume: the next run, "" once the job has
 --           ended; others ignore it)
 -- Returns {changed, then the ids that were not found}
-local defs, schedule, leases, state, paused, dead, static, queued =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local defs, schedule, leases, state, paused, dead, static, queued, http, wake =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local op = ARGV[1]
 local now = now_ms()
 local out = {0}
@@ -40,23 +42,23 @@ for i = 2, #ARGV, 2 do
     if op == "delete" then
       redis.call("HDEL", defs, id)
       if not in_flight then redis.call("HDEL", state, id) end
-      redis.call("ZREM", schedule, id)
+      schedule_rem(id, schedule, http)
       redis.call("SREM", paused, id)
       redis.call("ZREM", dead, id)
       redis.call("SREM", static, id)
       changed, st = true, nil
     elseif op == "pause" then
       changed = redis.call("SADD", paused, id) == 1
-      if redis.call("ZREM", schedule, id) == 1 then st.s = "paused" end
+      if schedule_rem(id, schedule, http) == 1 then st.s = "paused" end
     elseif op == "resume" then
       changed = redis.call("SREM", paused, id) == 1
       if not in_flight and (st.s == "paused" or st.s == "dead")
-          and not redis.call("ZSCORE", schedule, id) then
+          and not schedule_score(id, schedule, http) then
         redis.call("ZREM", dead, id)
         if ARGV[i + 1] == "" then
           st.s = "finished"
         else
-          redis.call("ZADD", schedule, ARGV[i + 1], id)
+          schedule_add(st, id, ARGV[i + 1], schedule, http, wake)
           st.o, st.a, st.d, st.x, st.s = tonumber(ARGV[i + 1]), 1, 0, 0, "scheduled"
         end
         changed = true
@@ -64,7 +66,7 @@ for i = 2, #ARGV, 2 do
     elseif op == "run_now" then
       if not in_flight then
         redis.call("ZREM", dead, id)
-        redis.call("ZADD", schedule, now, id)
+        schedule_add(st, id, now, schedule, http, wake)
         st.o, st.a, st.d, st.x, st.s = now, 1, 0, 0, "scheduled"
         changed = true
       end
@@ -75,7 +77,7 @@ for i = 2, #ARGV, 2 do
         if redis.call("SISMEMBER", paused, id) == 1 then
           st.s = "paused"
         else
-          redis.call("ZADD", schedule, now, id)
+          schedule_add(st, id, now, schedule, http, wake)
           st.o, st.a, st.d, st.x, st.s = now, 1, 0, 0, "scheduled"
         end
       end
@@ -85,11 +87,11 @@ for i = 2, #ARGV, 2 do
         st.d, st.a, st.x, st.c = 0, 1, 0, 0
         if op == "requeue" then
           redis.call("SREM", paused, id)
-          redis.call("ZADD", schedule, now, id)
+          schedule_add(st, id, now, schedule, http, wake)
           st.o, st.s = now, "scheduled"
         else
           redis.call("SADD", paused, id)
-          redis.call("ZREM", schedule, id)
+          schedule_rem(id, schedule, http)
           st.s = "paused"
         end
         changed = true
