@@ -637,3 +637,8 @@ zsched.add_command(exporter)
 from .cli_next import COMMAND as next_command  # noqa: E402  (imports this module's helpers)
 
 zsched.add_command(next_command)
+
+# -------------------------------------------------------------------- serve
+from .cli_serve import serve  # noqa: E402  (imports this module's helpers too)
+
+zsched.add_command(serve)

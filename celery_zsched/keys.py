@@ -159,7 +159,7 @@ class Keys:
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
-            self.defs, self.schedule, self.http_schedule, self.queued, self.leases, self.state, self.paused,
-            self.dead, self.static, self.events, self.counters, self.drain_cursor,
+            self.defs, self.schedule, self.http_schedule, self.queued, self.leases, self.state,
+            self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
             self.workers, self.domains, self.domain_conf,
         ]

@@ -317,14 +317,16 @@ def test_settle_script_refuses_a_next_due_computed_from_an_old_definition(store:
     before = store_snapshot(store)
     res = store.client.eval(
         _lua("settle"), 12, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
-        k.counters, k.queued, k.domains, k.domain_conf, k.http_schedule, k.http_wake, claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
+        k.counters, k.queued, k.domains, k.domain_conf, k.http_schedule, k.http_wake,
+        claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
         "complete",
         claimed.occurrence + 1, claimed.occurrence + 1, 1, "", "not-the-signature", 0, 1000, "{}")
     assert res == ["changed"]
     assert store_snapshot(store) == before
     ok = store.client.eval(
         _lua("settle"), 12, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
-        k.counters, k.queued, k.domains, k.domain_conf, k.http_schedule, k.http_wake, claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
+        k.counters, k.queued, k.domains, k.domain_conf, k.http_schedule, k.http_wake,
+        claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
         "complete",
         claimed.occurrence + 5, claimed.occurrence + 5, 1, "", claimed.job.timing_signature, 0,
         1000, "{}")
@@ -743,10 +745,12 @@ def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     k = store.keys
     with pytest.raises(redis.ResponseError, match="unknown operation"):
         store.client.eval(_lua("control"), 10, k.defs, k.schedule, k.leases, k.state, k.paused,
-                          k.dead, k.static, k.queued, k.http_schedule, k.http_wake, "explode", "c", 0)
+                          k.dead, k.static, k.queued, k.http_schedule, k.http_wake,
+                          "explode", "c", 0)
     assert store_snapshot(store) == before
     res = store.client.eval(_lua("control"), 10, k.defs, k.schedule, k.leases, k.state, k.paused,
-                            k.dead, k.static, k.queued, k.http_schedule, k.http_wake, "pause", "c", 0, "missing", 0)
+                            k.dead, k.static, k.queued, k.http_schedule, k.http_wake,
+                            "pause", "c", 0, "missing", 0)
     assert res == [1, "missing"]
 
 

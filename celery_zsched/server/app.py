@@ -1,0 +1,64 @@
+"""The ASGI app of ``zsched serve``: the routers, shared auth, errors, lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from ..config import api_token_scopes
+from ..errors import StoreUnavailable
+from ..store import Store
+from . import gateway
+from .auth import Tokens
+from .dispatcher import Dispatcher
+from .lease import LeaseSigner
+from .problems import Problem
+
+#: Retry-After of a 503 when a report or heartbeat found Redis unreachable.
+STORE_RETRY_S = 2
+
+
+def create_app(store: Store) -> FastAPI:
+    """The server for ``store``, configured by its settings (tokens, timeouts)."""
+    settings = store.settings
+    dispatcher = Dispatcher(store)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        dispatcher.start()
+        try:
+            yield
+        finally:
+            await dispatcher.close()
+
+    app = FastAPI(title="celery-zsched", version="1", lifespan=lifespan,
+                  summary="Job gateway for workers in any language")
+    app.state.tokens = Tokens(api_token_scopes(settings.api_tokens))
+    app.state.gateway = gateway.Gateway(
+        store=store, dispatcher=dispatcher,
+        signer=LeaseSigner.for_settings(store.base.prefix, settings.api_tokens),
+        timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s)
+    app.include_router(gateway.router)
+
+    @app.exception_handler(Problem)
+    async def problem(_: Request, exc: Problem) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body")]
+        return Problem(400, "invalid request",
+                       f"{'.'.join(loc) or 'request'}: {first.get('msg', 'invalid')}",
+                       field=".".join(loc) or "request").response()
+
+    @app.exception_handler(StoreUnavailable)
+    async def unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return Problem(503, "store unavailable", "Redis is unreachable; send it again",
+                       headers={"Retry-After": str(STORE_RETRY_S)}).response()
+
+    return app
