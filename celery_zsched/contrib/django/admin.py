@@ -390,7 +390,7 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
     list_display = ("title", "schedule", "next_run", "last_outcome", "short_last_error",
                     "enabled")
     list_display_links = ("title",)
-    list_filter = ("enabled", "kind", LastStatusFilter, "queue", FailingFilter)
+    list_filter = ("enabled", "kind", "transport", LastStatusFilter, "queue", FailingFilter)
     search_fields = ("name", "url", "job_id")
     list_per_page = 100
     # Bounds the one get_many call of "show all".
@@ -434,8 +434,8 @@ class ZSchedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-i
         }),
         ("Arguments", {"fields": ("meta", "args", "kwargs"), "classes": ("collapse",)}),
         ("Routing and retries", {
-            "fields": ("queue", "routing_key", "priority", "expires_s", "retry_max",
-                       "retry_base_s"),
+            "fields": ("transport", "queue", "routing_key", "priority", "expires_s",
+                       "retry_max", "retry_base_s"),
             "classes": ("collapse",),
         }),
     )
