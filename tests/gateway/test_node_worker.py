@@ -7,6 +7,7 @@ backoff, and a worker killed mid-job gets its job back after the lease.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import signal
 import subprocess
@@ -95,7 +96,7 @@ def _job(job_id: str, url: str, **fields: Any) -> Job:
 
 
 def _gaps(times: list[float]) -> list[float]:
-    return [round(b - a, 2) for a, b in zip(times, times[1:], strict=False)]
+    return [round(b - a, 2) for a, b in itertools.pairwise(times)]
 
 
 def test_a_node_worker_runs_jobs_on_their_cadence(
