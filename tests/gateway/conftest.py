@@ -22,6 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
+from celery_zsched.config import Settings
 from celery_zsched.job import Job
 from celery_zsched.server.app import create_app
 from celery_zsched.server.dispatcher import Dispatcher
@@ -69,10 +70,11 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
     """Start a gateway with setting overrides; every one started is stopped after the test."""
     started: list[Served] = []
 
-    def start(**overrides: Any) -> Served:
+    def start(redis_url: str | None = None, **overrides: Any) -> Served:
         values = {"api_tokens": TOKENS, "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0,
                   "max_jitter_s": 0.0, **overrides}
-        store = make_store(**values)
+        store = (Store.from_settings(Settings(redis_url=redis_url, **values)) if redis_url
+                 else make_store(**values))
         app = create_app(store)
         port = free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
