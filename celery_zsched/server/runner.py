@@ -8,6 +8,7 @@ releases what was claimed for pollers that are gone.
 
 from __future__ import annotations
 
+import logging
 from types import FrameType
 from typing import Any
 
@@ -32,8 +33,24 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _log_events(level: str) -> None:
+    """Send celery-zsched's structured events (job_complete, job_error, ...) to stderr.
+
+    A Celery worker logs them through Celery's logging; this process has none.
+    A handler someone configured already is left alone.
+    """
+    logger = logging.getLogger("celery_zsched")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(level.upper())
+        logger.propagate = False
+
+
 def serve(store: Store, host: str, port: int, *, log_level: str = "info") -> None:
     """Run the server on ``host:port`` until a signal stops it."""
+    _log_events(log_level)
     app = create_app(store)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACEFUL_S, lifespan="on",
