@@ -93,14 +93,15 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
         served.stop()
 
 
-def serve_process(redis_url: str, prefix: str, port: int, **settings: Any) -> subprocess.Popen[str]:
+def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warning",
+                  **settings: Any) -> subprocess.Popen[str]:
     """``celery -A tests.cli_app zsched serve`` in a process of its own; waits until it answers."""
     env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
            "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_MAX_JITTER_S": "0"}
     env.update({f"ZSCHED_{name.upper()}": str(value) for name, value in settings.items()})
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.cli_app", "zsched", "serve",
-         "--port", str(port), "--log-level", "warning"],
+         "--port", str(port), "--log-level", log_level],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def answers() -> bool:

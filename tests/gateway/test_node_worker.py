@@ -8,6 +8,7 @@ backoff, and a worker killed mid-job gets its job back after the lease.
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import signal
 import subprocess
@@ -53,14 +54,16 @@ def target() -> Iterator[TargetServer]:
 class Deployment:
     """A ``zsched serve`` process, its store, and Node.js workers started against it."""
 
-    def __init__(self, redis_url: str, rclient: redis.Redis, **settings: Any) -> None:
+    def __init__(self, redis_url: str, rclient: redis.Redis, log_level: str = "warning",
+                 **settings: Any) -> None:
         self.prefix = "{gw" + uuid.uuid4().hex[:8] + "}:"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.store = Store(rclient, Settings(redis_url=redis_url, key_prefix=self.prefix,
                                              max_jitter_s=0, **settings))
-        self.server = serve_process(redis_url, self.prefix, self.port, **settings)
+        self.server = serve_process(redis_url, self.prefix, self.port, log_level, **settings)
         self.workers: list[subprocess.Popen[str]] = []
+        self.output: str | None = None
 
     def worker(self) -> subprocess.Popen[str]:
         """Start one Node.js worker."""
@@ -70,11 +73,14 @@ class Deployment:
         return proc
 
     def close(self) -> str:
+        """Stop the workers and the server (SIGTERM); the server's output."""
         for proc in self.workers:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(5)
-        return stop_process(self.server)
+        if self.output is None:
+            self.output = stop_process(self.server)
+        return self.output
 
 
 @pytest.fixture
@@ -101,7 +107,7 @@ def _gaps(times: list[float]) -> list[float]:
 
 def test_a_node_worker_runs_jobs_on_their_cadence(
         deploy: Callable[..., Deployment], target: TargetServer) -> None:
-    d = deploy(gateway_timeout_s=5)
+    d = deploy(gateway_timeout_s=5, log_level="info")
     d.store.upsert_many([_job("a", target.url("/ok/a"), interval_s=1),
                          _job("b", target.url("/ok/b"), interval_s=1.5)], stagger=False)
     d.worker()
@@ -113,6 +119,11 @@ def test_a_node_worker_runs_jobs_on_their_cadence(
     info = d.store.get("a")
     assert info.state.runs >= 4 and info.state.crashes == 0
     assert info.status in ("scheduled", "running")
+    # The server logs each report as the Celery path does: one JSON event a line.
+    events = [json.loads(line.split("job_complete ", 1)[1])
+              for line in d.close().splitlines() if "job_complete {" in line]
+    assert {e["job_id"] for e in events} == {"a", "b"}
+    assert all(e["applied"] and e["duration_ms"] >= 0 for e in events)
 
 
 def test_a_node_workers_errors_retry_with_backoff(
