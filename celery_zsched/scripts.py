@@ -135,7 +135,8 @@ CLAIM_HTTP = ScriptSpec(
               "domain_conf"),
     args=CLAIM.args, reply=_claim_reply)
 START = ScriptSpec(
-    "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf"),
+    "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf",
+              "http_schedule", "http_wake"),
     args=("id", "occurrence", "attempt", "lease_ms", "expires_ms", "pacing", "wait_max_ms"),
     reply=_start_reply)
 HEARTBEAT = ScriptSpec(
