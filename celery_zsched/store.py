@@ -181,6 +181,8 @@ class Store:
         self.defaults = Defaults.from_settings(self.settings, timezone)
         self.rng = random.Random()
         self.layout_checked = False
+        #: The partition the gateway's next claim starts at (see :meth:`claim_http`).
+        self._http_cursor = 0
         #: What the pacing-aware scripts read: the settings as JSON, or "" (off).
         self.pacing = (self.settings.pacing_defaults.to_json()
                        if self.settings.pacing else "")
@@ -730,17 +732,27 @@ class Store:
         goes to one caller, under an execution lease of ``gateway_lease_s``
         (no broker wait, so no delivery deadline). ``queue`` takes only jobs
         whose ``queue`` field is that. The batch's ``next_due_ms`` is the first
-        HTTP job due in the future (the time to wake up for).
+        HTTP job due in the future (the time to wake up for) of the partitions
+        it looked at: all of them unless ``limit`` jobs were found first.
         """
-        share, extra = divmod(limit, len(self.parts))
-        args = {"delivery_ms": int(self.settings.gateway_lease_s * 1000),
-                # The running set also holds Celery executions: no bound here.
-                "bound": 2**31, "pacing": self.pacing, "status": "running",
-                "queue": queue}
-        plan = {i: share + (i < extra) for i in range(len(self.parts))}
-        calls: list[Call] = [(scripts.CLAIM_HTTP, self.parts[i], (), {**args, "limit": n})
-                             for i, n in plan.items() if n]
-        return merge_batches(scripts.CLAIM_HTTP.reply(reply) for reply in self._run(calls))
+        args: dict[str, Any] = {
+            "delivery_ms": int(self.settings.gateway_lease_s * 1000),
+            # The running set also holds Celery executions: no bound here.
+            "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue}
+        # Partitions one after the other from a rotating start, until ``limit``
+        # are found: a share of ``limit`` per partition would leave a single
+        # poller waiting while its job sits in another partition.
+        start = self._http_cursor
+        self._http_cursor = (start + 1) % len(self.parts)
+        batches, need = [], limit
+        for k in range(len(self.parts)):
+            part = self.parts[(start + k) % len(self.parts)]
+            batch = self._call(scripts.CLAIM_HTTP, part, **args, limit=need)
+            batches.append(batch)
+            need -= len(batch.jobs)
+            if need <= 0:
+                break
+        return merge_batches(batches)
 
     @_unavailable
     def release_http(self, claimed: Sequence[Claimed]) -> int:

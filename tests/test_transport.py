@@ -3,6 +3,7 @@ honoured by every store operation (HTTP jobs wait in their own schedule)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,8 @@ import pytest
 from celery_zsched.errors import ImportValidationError, ValidationError
 from celery_zsched.importer import import_file, read_rows, write_rows
 from celery_zsched.job import Job
+from celery_zsched.keys import partition_of
+from celery_zsched.repartition import repartition
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
 
@@ -169,3 +172,31 @@ def test_wake_ups_are_published_when_an_http_job_falls_due_sooner(store: Store) 
     store.run_now("later")
     assert len(published()) == 1
     pubsub.close()
+
+
+def test_repartitioning_keeps_http_jobs_in_the_http_schedule(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store()
+    store.upsert_many([_job(f"h{i}") for i in range(20)] + [_job("c", "celery")],
+                      stagger=False)
+    dues = {f"h{i}": store.client.zscore(store.keys.http_schedule, f"h{i}") for i in range(20)}
+    repartition(store.client, store.settings, 3)
+    moved = Store(store.client, dataclasses.replace(store.settings, partitions=3))
+    for job_id, due in dues.items():
+        keys = moved.part_of(job_id)
+        assert moved.client.zscore(keys.http_schedule, job_id) == due
+        assert moved.client.zscore(keys.schedule, job_id) is None
+    assert moved.client.zscore(moved.part_of("c").schedule, "c") is not None
+    # The gateway claims across partitions.
+    assert len(moved.claim_http(50).jobs) == 20
+
+
+def test_the_gateway_finds_a_single_due_job_in_any_partition(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store(partitions=3)
+    store.upsert_many([_job(f"p{i}") for i in range(10)], stagger=False)
+    assert len({partition_of(f"p{i}", 3) for i in range(10)}) == 3
+    taken = [store.claim_http(1).jobs for _ in range(12)]
+    assert sorted(job.job.id for jobs in taken for job in jobs) == sorted(
+        f"p{i}" for i in range(10))
+    assert [len(jobs) for jobs in taken[10:]] == [0, 0]
