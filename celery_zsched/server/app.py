@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -13,7 +13,7 @@ from ..config import api_token_scopes
 from ..errors import StoreUnavailable
 from ..store import Store
 from . import gateway
-from .auth import Tokens
+from .auth import Tokens, require
 from .dispatcher import Dispatcher
 from .lease import LeaseSigner
 from .problems import Problem
@@ -35,8 +35,15 @@ def create_app(store: Store) -> FastAPI:
         finally:
             await dispatcher.close()
 
+    # No token, no access: the OpenAPI document too (any scope may read it), and
+    # no /docs page (it would load its scripts from a CDN).
     app = FastAPI(title="celery-zsched", version="1", lifespan=lifespan,
-                  summary="Job gateway for workers in any language")
+                  summary="Job gateway for workers in any language",
+                  openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require(None))])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
     app.state.tokens = Tokens(api_token_scopes(settings.api_tokens))
     app.state.gateway = gateway.Gateway(
         store=store, dispatcher=dispatcher,

@@ -46,8 +46,9 @@ class Tokens:
                 found = scope
         return found
 
-    def check(self, authorization: str | None, needed: str) -> str:
-        """The scope of an ``Authorization`` header that grants ``needed``; else a Problem."""
+    def check(self, authorization: str | None, needed: str | None) -> str:
+        """The scope of an ``Authorization`` header that grants ``needed`` (``None``: any
+        known token will do); else a Problem."""
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -57,13 +58,13 @@ class Tokens:
         if scope is None:
             raise Problem(401, "unauthorized", "unknown token",
                           headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
-        if needed not in IMPLIES[scope]:
+        if needed is not None and needed not in IMPLIES[scope]:
             raise Problem(403, "forbidden", f"this token's scope is {scope}; this needs {needed}")
         return scope
 
 
-def require(needed: str) -> Callable[[Request], Awaitable[str]]:
-    """A FastAPI dependency: the request's token must grant ``needed``."""
+def require(needed: str | None) -> Callable[[Request], Awaitable[str]]:
+    """A FastAPI dependency: the request's token must grant ``needed`` (``None``: any scope)."""
     async def dependency(request: Request) -> str:
         tokens: Tokens = request.app.state.tokens
         return tokens.check(request.headers.get("authorization"), needed)

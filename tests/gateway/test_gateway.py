@@ -431,3 +431,30 @@ def test_tokens_are_compared_in_constant_time_against_every_configured_token(
     calls.clear()
     assert tokens.scope_of("w") is None
     assert len(calls) == 3
+
+
+def test_the_openapi_document_needs_a_token_and_documents_the_gateway(
+        serve: Callable[..., Served]) -> None:
+    served = serve()
+    with served.client(None) as anonymous:
+        assert anonymous.get("/openapi.json").status_code == 401
+        assert anonymous.get("/docs").status_code == 404
+    with served.client(READER) as client:
+        doc = client.get("/openapi.json").json()
+    assert {"/jobs/next", "/jobs/{job_id}/complete", "/jobs/{job_id}/error",
+            "/jobs/{job_id}/heartbeat"} <= set(doc["paths"])
+    error_body = doc["paths"]["/jobs/{job_id}/error"]["post"]["requestBody"]
+    assert "retry_after" in error_body["content"]["application/json"]["schema"]["properties"]
+
+
+def test_a_partitioned_store_wakes_and_serves_polls_from_every_partition(
+        serve: Callable[..., Served]) -> None:
+    served = serve(partitions=3, gateway_timeout_s=5)
+    store = served.store
+    for n in range(4):
+        future = _poll_in_background(served)
+        due = store.now_ms() + 300
+        store.upsert(http_job(f"part{n}", run_at=due / 1000))
+        res, answered = future.result(10)
+        assert res.json()["id"] == f"part{n}"
+        assert answered * 1000 - due < 100
