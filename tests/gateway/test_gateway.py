@@ -458,3 +458,19 @@ def test_a_partitioned_store_wakes_and_serves_polls_from_every_partition(
         res, answered = future.result(10)
         assert res.json()["id"] == f"part{n}"
         assert answered * 1000 - due < 100
+
+
+def test_an_error_reports_status_and_retry_after_to_the_domains_pacing(
+        serve: Callable[..., Served]) -> None:
+    """With pacing on, a 429's Retry-After closes the domain's gate; the in-flight slot frees."""
+    served = serve(pacing=True, domain_delay_s=0, domain_max_in_flight=1)
+    store = served.store
+    store.upsert(http_job("paced", url="http://shop.example/p"))
+    job = _take(served)
+    assert store.domain("shop.example").in_flight == 1
+    res = _report(served, "paced", "error", _echo(job, error="429", status=429,
+                                                  retry_after=30))
+    assert res.status_code == 200
+    info = store.domain("shop.example")
+    assert info.in_flight == 0 and info.throttled_429 == 1
+    assert info.closed_until_ms == pytest.approx(store.now_ms() + 30_000, abs=1000)
