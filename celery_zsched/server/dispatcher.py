@@ -84,7 +84,7 @@ class Dispatcher:
         self.down = False
         self.backoff_s = BACKOFF_MIN_S
         self._poke = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: threading.Thread | None = None
         self._stop_listener = threading.Event()
@@ -95,8 +95,8 @@ class Dispatcher:
     def start(self) -> None:
         """Start the hand-out and reaper tasks and the wake-up listener (in the running loop)."""
         self._loop = asyncio.get_running_loop()
-        self._tasks = [asyncio.create_task(self._run(), name="zsched-dispatch"),
-                       asyncio.create_task(self._reap_loop(), name="zsched-reap")]
+        self._tasks = {asyncio.create_task(self._run(), name="zsched-dispatch"),
+                       asyncio.create_task(self._reap_loop(), name="zsched-reap")}
         self._listener = threading.Thread(target=self._listen, name="zsched-wake", daemon=True)
         self._listener.start()
 
@@ -165,7 +165,9 @@ class Dispatcher:
         """Release jobs claimed for pollers that are gone (in the background)."""
         if jobs:
             task = asyncio.get_running_loop().create_task(self._release(list(jobs)))
-            self._tasks.append(task)
+            # Held until done (close() waits for it), then dropped.
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _release(self, jobs: list[Claimed]) -> None:
         try:
@@ -194,6 +196,10 @@ class Dispatcher:
             try:
                 wake_in = await self._claim_round(wanted)
             except StoreUnavailable as exc:
+                self._went_down(exc)
+                continue
+            except Exception as exc:  # a bug must not leave every poll hanging
+                logger.exception("zsched gateway: claim failed")
                 self._went_down(exc)
                 continue
             if self.lines and any(line.open() for line in self.lines.values()):
@@ -232,7 +238,7 @@ class Dispatcher:
             await asyncio.wait_for(self._poke.wait(), seconds)
 
     # -------------------------------------------------------------- outages
-    def _went_down(self, exc: StoreUnavailable) -> None:
+    def _went_down(self, exc: Exception) -> None:
         if not self.down:
             logger.error("zsched gateway: Redis is unreachable (%s); answering 503 and "
                          "retrying with backoff", exc)
@@ -273,6 +279,9 @@ class Dispatcher:
                 result = await asyncio.to_thread(self.store.reap)
             except StoreUnavailable as exc:
                 logger.warning("zsched gateway: reap failed (%s)", exc)
+                continue
+            except Exception:  # keep reaping: leases must keep ending
+                logger.exception("zsched gateway: reap failed")
                 continue
             if result.redelivered or result.dead:
                 logger.info("zsched gateway: %d lease(s) ended unreported: %d back in the "
