@@ -106,6 +106,8 @@ async def next_job(
     gateway = _gateway(request)
     dispatcher = gateway.dispatcher
     wait = gateway.timeout_s if timeout is None else min(timeout, gateway.timeout_s)
+    if wait <= 0:
+        return await _take_now(gateway, queue)
     try:
         waiter = dispatcher.enter(queue)
     except (ShuttingDown, StoreDown) as exc:
@@ -128,6 +130,16 @@ async def next_job(
         dispatcher.give_back([claimed])  # nobody is listening: back to the schedule
         return Response(status_code=204)
     return JSONResponse(gateway.job_body(claimed))
+
+
+async def _take_now(gateway: Gateway, queue: str) -> Response:
+    """``timeout=0``: a job due now, or ``204`` at once (one claim, no waiting in line)."""
+    if gateway.dispatcher.closing:
+        raise _unavailable(ShuttingDown())
+    batch = await asyncio.to_thread(gateway.store.claim_http, 1, queue)
+    if not batch.jobs:
+        return Response(status_code=204)
+    return JSONResponse(gateway.job_body(batch.jobs[0]))
 
 
 def _settled(result: SettleResult) -> JSONResponse:

@@ -476,3 +476,15 @@ def test_an_error_reports_status_and_retry_after_to_the_domains_pacing(
     info = store.domain("shop.example")
     assert info.in_flight == 0 and info.throttled_429 == 1
     assert info.closed_until_ms == pytest.approx(store.now_ms() + 30_000, abs=1000)
+
+
+def test_a_zero_timeout_takes_a_due_job_or_answers_204_at_once(
+        serve: Callable[..., Served]) -> None:
+    served = serve(gateway_timeout_s=10)
+    with served.client() as client:
+        start = time.monotonic()
+        assert client.get("/jobs/next", params={"timeout": 0}).status_code == 204
+        assert elapsed(start) < 0.5
+        served.store.upsert(http_job("now"))
+        res = client.get("/jobs/next", params={"timeout": 0})
+    assert res.status_code == 200 and res.json()["id"] == "now"
