@@ -200,3 +200,18 @@ def test_the_gateway_finds_a_single_due_job_in_any_partition(
     assert sorted(job.job.id for jobs in taken for job in jobs) == sorted(
         f"p{i}" for i in range(10))
     assert [len(jobs) for jobs in taken[10:]] == [0, 0]
+
+
+def test_the_exporter_counts_http_jobs_and_their_backlog(store: Store) -> None:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from celery_zsched.exporter import StoreCollector
+
+    store.upsert_many([_job("h1"), _job("h2"), _job("c", "celery")], stagger=False)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store))
+    text = generate_latest(registry).decode()
+    assert 'zsched_jobs{state="scheduled"} 3.0' in text
+    assert "zsched_http_due_backlog 2.0" in text
+    assert "zsched_due_backlog 1.0" in text
