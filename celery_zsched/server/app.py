@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
@@ -20,6 +22,9 @@ from .problems import Problem
 
 #: Retry-After of a 503 when a report or heartbeat found Redis unreachable.
 STORE_RETRY_S = 2
+#: Threads that run store calls (redis-py blocks). asyncio's default is
+#: cpu + 4, which would queue a burst of reports behind a handful of calls.
+STORE_THREADS = 32
 
 
 def create_app(store: Store) -> FastAPI:
@@ -29,6 +34,8 @@ def create_app(store: Store) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="zsched-store"))
         dispatcher.start()
         try:
             yield
