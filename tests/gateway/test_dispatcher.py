@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from celery_zsched.config import Settings, api_token_scopes
+from celery_zsched.errors import ConfigurationError
 from celery_zsched.server.dispatcher import Dispatcher, ShuttingDown
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
@@ -68,3 +70,27 @@ def test_zsched_serve_refuses_a_port_in_use_in_one_line(prefix: str) -> None:
     assert res.exit_code != 0
     assert f"cannot listen on 127.0.0.1:{port}" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    ("short:worker", "entry 1: a token must be at least 16"),
+    ("a-long-enough-token-1:worker, a-long-enough-token-2:admin", "entry 2 must be token:scope"),
+    ("no-scope-at-all-here-123", "entry 1 must be token:scope"),
+    ("gateway_timeout_s", None),
+])
+def test_bad_api_tokens_and_gateway_settings_are_refused_naming_them(
+        raw: str, words: str | None) -> None:
+    if words is None:
+        with pytest.raises(ConfigurationError, match="zsched_gateway_timeout_s must be > 0"):
+            Settings.from_mapping({"zsched_gateway_timeout_s": 0}, env={})
+        with pytest.raises(ConfigurationError, match="zsched_gateway_lease_s must be > 0"):
+            Settings.from_mapping({"zsched_gateway_lease_s": -1}, env={})
+        return
+    with pytest.raises(ConfigurationError, match="zsched_api_tokens") as info:
+        Settings.from_mapping({"zsched_api_tokens": raw}, env={})
+    assert words in str(info.value)
+
+
+def test_tokens_map_to_their_scopes() -> None:
+    scopes = api_token_scopes(" a-long-enough-token:with:colons:Worker ,, r" + "x" * 20 + ":read")
+    assert scopes == {"a-long-enough-token:with:colons": "worker", "r" + "x" * 20: "read"}
