@@ -29,6 +29,7 @@ from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
 from celery.exceptions import CeleryCommandException
 
 from .appstore import app_timezone, store_for_app
+from .audit import Actor
 from .config import Settings, redact_url
 from .connection import redis_client
 from .errors import (
@@ -40,7 +41,15 @@ from .errors import (
     got,
     redis_unavailable,
 )
-from .importer import FORMATS, detect_format, export_row, iter_rows, parse_rows, write_rows
+from .importer import (
+    FORMATS,
+    detect_format,
+    export_row,
+    import_actor,
+    iter_rows,
+    parse_rows,
+    write_rows,
+)
 from .job import Defaults, Job
 from .keys import Keys
 from .repartition import RepartitionRefused, recorded_partitions
@@ -73,12 +82,13 @@ _MAX_LISTED = 50
 _OPTION_OF = {
     "interval_s": "--interval", "timezone": "--tz", "jitter_s": "--jitter",
     "expires_s": "--expires", "misfire_grace_s": "--misfire-grace", "enabled": "--paused",
-    "kwargs": "--kwarg", "args": "--arg",
+    "kwargs": "--kwarg", "args": "--arg", "retry_base_s": "--retry-base",
 }
 
 # A job field's name as a word of a message ("after start_at", "one of interval_s, cron").
 _FIELD_WORD = re.compile(r"(?<![\w-])(interval_s|cron|run_at|start_at|end_at|timezone|jitter_s|"
-                         r"expires_s|misfire_grace_s|max_runs|day_rule)(?![\w-])(?! expression)")
+                         r"expires_s|misfire_grace_s|max_runs|day_rule|retry_max|retry_base_s)"
+                         r"(?![\w-])(?! expression)")
 
 
 def _option_of(field: str) -> str:
@@ -248,6 +258,16 @@ _ADD_OPTIONS = [
     _option("--priority", type=int, group="Routing", help="Message priority (0-255)."),
     _option("--expires", type=float, group="Routing",
             help="Seconds after its due time that a message expires."),
+    _option("--domain", group="Routing",
+            help="Pace the job under this domain instead of its URL's host."),
+    _option("--retry-max", type=int, group="Retries",
+            help="Retries after an error before the next regular run "
+                 "(default: zsched_retry_max)."),
+    _option("--retry-base", type=float, group="Retries",
+            help="First retry delay in seconds, doubled per retry "
+                 "(default: zsched_retry_base_s)."),
+    _option("--note", default="", group="Audit",
+            help="Why: recorded with the change (zsched history ID shows it)."),
 ]
 
 
@@ -269,7 +289,8 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
         "end_at": _time_arg(opts["end_at"]), "jitter_s": opts["jitter"],
         "max_runs": opts["max_runs"], "misfire_grace_s": opts["misfire_grace"],
         "queue": opts["queue"], "routing_key": opts["routing_key"],
-        "priority": opts["priority"], "expires_s": opts["expires"],
+        "priority": opts["priority"], "expires_s": opts["expires"], "domain": opts["domain"],
+        "retry_max": opts["retry_max"], "retry_base_s": opts["retry_base"],
         "transport": opts["transport"],
         "meta": _pairs("--meta", opts["meta"], as_json=False),
         "kwargs": _pairs("--kwarg", opts["kwarg"], as_json=True),
@@ -291,7 +312,7 @@ def add(ctx: click.Context, /, **opts: Any) -> None:
     except ValidationError as exc:
         _fail(f"invalid {_option_of(exc.field)}: {_user_words(exc.message)}{got(exc.value)}",
               EX_DATAERR)
-    report = store.upsert(job)
+    report = store.upsert(job, by=Actor.cli(), note=opts["note"] or "")
     info = store.get(job.id)
     _echo(ctx, job.id)
     verb = "created" if report.created else "updated"
@@ -379,7 +400,8 @@ def import_(ctx: click.Context, path: str | None, fmt: str | None, skip_invalid:
         return
     click.echo(f"validated {count} job(s) in {parsed_s:.2f}s", err=True)
     with _progress(count, f"storing {path}") as progress:
-        report = store.upsert_many(result.jobs, stagger=True, total=count, progress=progress)
+        report = store.upsert_many(result.jobs, stagger=True, total=count, progress=progress,
+                                   by=import_actor(path))
     skipped = f", skipped {len(result.errors)} invalid job(s)" if result.errors else ""
     _echo(ctx, f"imported {count} job(s): created {report.created}, updated {report.updated}, "
                f"rescheduled {report.rescheduled}{skipped} in "
@@ -534,41 +556,52 @@ def _report(ctx: click.Context, ids: tuple[str, ...], changed: int, one: str, sa
 
 
 _IDS = click.argument("ids", metavar="ID...", nargs=-1, required=True)
+#: Why: kept with the change in the audit trail (``zsched history ID``). Typed:
+#: cli_dead imports it inside an import cycle, where mypy cannot infer it.
+NOTE: Callable[[Callable[..., Any]], Callable[..., Any]] = click.option(
+    "--note", default="", metavar="TEXT",
+    help="Why: recorded with the change (zsched history ID shows it).")
 
 
 @zsched.command(cls=CeleryCommand)
 @_IDS
+@NOTE
 @click.pass_context
 @_errors
-def delete(ctx: click.Context, ids: tuple[str, ...]) -> None:
+def delete(ctx: click.Context, ids: tuple[str, ...], note: str) -> None:
     """Delete jobs; a run in flight finishes but does not bring them back."""
     store = _store(ctx)
     _existing(store, ids)
-    _report(ctx, ids, store.delete(*ids), "deleted {id}", "{id}: not deleted",
+    changed = store.delete(*ids, by=Actor.cli(), note=note)
+    _report(ctx, ids, changed, "deleted {id}", "{id}: not deleted",
             "deleted {changed} of {total} job(s)")
 
 
 @zsched.command(cls=CeleryCommand)
 @_IDS
+@NOTE
 @click.pass_context
 @_errors
-def pause(ctx: click.Context, ids: tuple[str, ...]) -> None:
+def pause(ctx: click.Context, ids: tuple[str, ...], note: str) -> None:
     """Pause jobs; a run in flight finishes but is not rescheduled."""
     store = _store(ctx)
     _existing(store, ids)
-    _report(ctx, ids, store.pause(*ids), "paused {id}", "{id}: already paused",
+    changed = store.pause(*ids, by=Actor.cli(), note=note)
+    _report(ctx, ids, changed, "paused {id}", "{id}: already paused",
             "paused {changed} of {total} job(s)")
 
 
 @zsched.command(cls=CeleryCommand)
 @_IDS
+@NOTE
 @click.pass_context
 @_errors
-def resume(ctx: click.Context, ids: tuple[str, ...]) -> None:
+def resume(ctx: click.Context, ids: tuple[str, ...], note: str) -> None:
     """Resume paused or dead-lettered jobs at their next regular run from now."""
     store = _store(ctx)
     _existing(store, ids)
-    _report(ctx, ids, store.resume(*ids), "resumed {id}", "{id}: not paused",
+    changed = store.resume(*ids, by=Actor.cli(), note=note)
+    _report(ctx, ids, changed, "resumed {id}", "{id}: not paused",
             "resumed {changed} of {total} job(s)")
     if len(ids) == 1:
         _echo(ctx, f"next run: {_next_run(store.get(ids[0]))}")
@@ -576,13 +609,15 @@ def resume(ctx: click.Context, ids: tuple[str, ...]) -> None:
 
 @zsched.command("run-now", cls=CeleryCommand)
 @_IDS
+@NOTE
 @click.pass_context
 @_errors
-def run_now(ctx: click.Context, ids: tuple[str, ...]) -> None:
+def run_now(ctx: click.Context, ids: tuple[str, ...], note: str) -> None:
     """Make jobs due now (a job in flight is left alone)."""
     store = _store(ctx)
     _existing(store, ids)
-    _report(ctx, ids, store.run_now(*ids), "{id} is due now", "{id}: in flight, left alone",
+    changed = store.run_now(*ids, by=Actor.cli(), note=note)
+    _report(ctx, ids, changed, "{id} is due now", "{id}: in flight, left alone",
             "made {changed} of {total} job(s) due now")
 
 
@@ -643,6 +678,11 @@ zsched.add_command(exporter)
 from .cli_next import COMMAND as next_command  # noqa: E402  (imports this module's helpers)
 
 zsched.add_command(next_command)
+
+# ------------------------------------------------------------ audit history
+from .cli_history import COMMAND as history_command  # noqa: E402  (imports this module's helpers)
+
+zsched.add_command(history_command)
 
 # -------------------------------------------------------------------- serve
 from .cli_serve import serve  # noqa: E402  (imports this module's helpers too)

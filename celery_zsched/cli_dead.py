@@ -20,7 +20,8 @@ from typing import Any
 import click
 
 from . import dead
-from .cli import EX_NOT_FOUND, _echo, _errors, _fail, _store
+from .audit import Actor
+from .cli import EX_NOT_FOUND, NOTE, _echo, _errors, _fail, _store
 from .dead import DeadLetter
 from .store import Store
 
@@ -122,14 +123,15 @@ _ALL = click.option("--all", "every", is_flag=True, help="Every dead letter.")
 @dead_group.command()
 @_IDS
 @_ALL
+@NOTE
 @click.pass_context
 @_errors
-def requeue(ctx: click.Context, ids: tuple[str, ...], every: bool) -> None:
+def requeue(ctx: click.Context, ids: tuple[str, ...], every: bool, note: str) -> None:
     """Make dead-lettered jobs due now, unpaused, with their crash, attempt and
     failure-streak counters reset (all-time failures and the last error stay)."""
     store = _store(ctx)
     chosen = _selection(store, ids, every)
-    changed = store.requeue_dead(*chosen) if chosen else 0
+    changed = store.requeue_dead(*chosen, by=Actor.cli(), note=note) if chosen else 0
     _echo(ctx, f"requeued {changed} of {len(chosen)} dead letter(s); due now")
 
 
@@ -137,9 +139,10 @@ def requeue(ctx: click.Context, ids: tuple[str, ...], every: bool) -> None:
 @_IDS
 @_ALL
 @click.option("--yes", is_flag=True, help="Do not ask before purging --all.")
+@NOTE
 @click.pass_context
 @_errors
-def purge(ctx: click.Context, ids: tuple[str, ...], every: bool, yes: bool) -> None:
+def purge(ctx: click.Context, ids: tuple[str, ...], every: bool, yes: bool, note: str) -> None:
     """Drop dead letters; the jobs are kept, paused (`zsched resume` runs them again,
     `zsched delete` removes them)."""
     store = _store(ctx)
@@ -147,5 +150,5 @@ def purge(ctx: click.Context, ids: tuple[str, ...], every: bool, yes: bool) -> N
     if every and chosen and not yes:
         click.confirm(f"purge all {len(chosen)} dead letter(s), pausing their jobs?",
                       abort=True)
-    changed = store.purge_dead(*chosen) if chosen else 0
+    changed = store.purge_dead(*chosen, by=Actor.cli(), note=note) if chosen else 0
     _echo(ctx, f"purged {changed} of {len(chosen)} dead letter(s); their jobs are paused")

@@ -88,6 +88,9 @@ class Settings:
     misfire_grace_s: float = 0.0
     #: Approximate cap of the settle event stream.
     events_maxlen: int = 100_000
+    #: Approximate cap of each partition's audit stream (changes to jobs, see the
+    #: README's "Operating it: audit trail"); 0 records no changes.
+    audit_maxlen: int = 100_000
     #: Rows per pipelined chunk in bulk imports.
     import_chunk: int = 5000
     #: Pace requests per domain in the claim (see the README's "Politeness").
@@ -130,6 +133,30 @@ class Settings:
     #: Execution lease of a job the gateway hands out: unreported (no complete,
     #: error or heartbeat) for this long, it comes back, as from a dead worker.
     gateway_lease_s: float = 300.0
+    #: Signals the built-in notifiers report (comma-separated names; see the
+    #: README's "Operating it: notifications").
+    notify_events: str = ("job_retries_exhausted,job_dead_lettered,job_failing_streak,"
+                          "domain_breaker_opened")
+    #: ``job_failing_streak`` fires when a job's errors in a row reach this; 0: never.
+    notify_streak: int = 5
+    #: POST each notice as signed JSON to this URL; empty: no webhook.
+    notify_webhook_url: str = ""
+    #: Key of the HMAC-SHA256 signature header; empty: unsigned.
+    notify_webhook_secret: str = ""
+    #: Seconds one webhook request may take.
+    notify_webhook_timeout_s: float = 5.0
+    #: Webhook retries after a failed request (5xx, 408, 429, network), with backoff.
+    notify_webhook_retries: int = 3
+    #: Mail each notice to Django's ADMINS (``mail_admins``; needs the Django app).
+    notify_mail: bool = False
+    #: At most one notice per job (or domain) and signal in this many seconds.
+    notify_window_s: float = 3600.0
+    #: More notices than this in one digest window are held for one digest.
+    notify_digest_threshold: int = 20
+    #: Length of a digest window, seconds.
+    notify_digest_window_s: float = 60.0
+    #: Notices a process buffers for its sender thread; past it they are dropped.
+    notify_queue_size: int = 10_000
 
     @property
     def queued_bound(self) -> int:
@@ -261,7 +288,7 @@ class Settings:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}"
                 )
-        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued",
+        for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued", "audit_maxlen",
                      "domain_delay_s", "domain_max_in_flight", "domain_decrease_s",
                      "domain_start_margin_s",
                      "breaker_min_requests"):
@@ -274,6 +301,7 @@ class Settings:
                 f"{SETTING_PREFIX}metrics_port must be in 0-65535 (0: off), "
                 f"got {self.metrics_port!r}")
         self._validate_pacing()
+        self._validate_notify()
         api_token_scopes(self.api_tokens)
         from .connection import check_settings  # connection imports this module
 
@@ -296,6 +324,47 @@ class Settings:
             raise ConfigurationError(
                 f"{SETTING_PREFIX}pacing needs {SETTING_PREFIX}partitions = 1, "
                 f"got {self.partitions}")
+
+    @property
+    def notify_event_names(self) -> tuple[str, ...]:
+        """``notify_events`` as a tuple of signal names."""
+        return tuple(n.strip() for n in self.notify_events.split(",") if n.strip())
+
+    @property
+    def notify_on(self) -> bool:
+        """Whether a built-in notifier is switched on."""
+        return bool(self.notify_webhook_url or self.notify_mail)
+
+    def _validate_notify(self) -> None:
+        from urllib.parse import urlsplit
+
+        from .signals import SIGNALS
+
+        for name in ("notify_window_s", "notify_digest_window_s", "notify_webhook_timeout_s",
+                     "notify_queue_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(
+                    f"{SETTING_PREFIX}{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("notify_streak", "notify_webhook_retries", "notify_digest_threshold"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(
+                    f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}")
+        unknown = [n for n in self.notify_event_names if n not in SIGNALS]
+        if unknown:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}notify_events: unknown signal {unknown[0]!r}; known: "
+                + ", ".join(SIGNALS))
+        url = self.notify_webhook_url
+        if url:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigurationError(
+                    f"{SETTING_PREFIX}notify_webhook_url must be an http:// or https:// URL, "
+                    f"got {url!r}")
+        elif self.notify_webhook_secret:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}notify_webhook_secret is set but "
+                f"{SETTING_PREFIX}notify_webhook_url is empty")
 
 
 #: What a bearer token may do: ``read`` and ``write`` the management API, or
@@ -349,7 +418,8 @@ def _coerce(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
         if kind is bool:
             return _as_bool(raw)
         if kind is str:
-            return str(raw)
+            # A list of names (zsched_notify_events) may be given as a list.
+            return ",".join(map(str, raw)) if isinstance(raw, list | tuple) else str(raw)
         if kind is int and not isinstance(raw, bool):
             return int(raw)
         if kind is float and not isinstance(raw, bool):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from .audit import Actor, local_user
 from .errors import FileError, ImportValidationError, ValidationError
 from .job import Defaults, Job
 from .store import ImportReport, Store
@@ -399,20 +400,26 @@ def _cell(value: Any) -> str:
 
 def import_file(store: Store, path: str | Path, fmt: str | None = None, *,
                 skip_invalid: bool = False,
-                progress: Callable[[int], None] | None = None
-                ) -> tuple[ImportReport, list[ValidationError]]:
+                progress: Callable[[int], None] | None = None,
+                by: Actor | None = None) -> tuple[ImportReport, list[ValidationError]]:
     """Read, validate and store a file of jobs, first runs staggered over their intervals.
 
     Nothing is written unless every row is valid (else
     :class:`ImportValidationError`); with ``skip_invalid`` the valid rows are
     stored and the errors of the others returned. Jobs get ``store.defaults``.
     Re-importing a file updates definitions but does not move schedules.
-    ``progress`` is called with the number of jobs stored so far.
+    ``progress`` is called with the number of jobs stored so far. Changes are
+    recorded as made ``by`` (default: an ``import`` by this user, of this file).
     """
     # Rows are consumed as they are parsed, so they are never all in memory
     # next to the jobs built from them.
     result = parse_rows(iter_rows(path, fmt), store.defaults,
                         skip_invalid=skip_invalid)
     report = store.upsert_many(result.jobs, stagger=True, total=len(result.jobs),
-                               progress=progress)
+                               progress=progress, by=by or import_actor(path))
     return report, result.errors
+
+
+def import_actor(path: str | Path) -> Actor:
+    """The actor of an import of ``path`` by this process' user: ``user@host:file``."""
+    return Actor("import", f"{local_user()}:{Path(path).name}")

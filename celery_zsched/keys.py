@@ -156,10 +156,38 @@ class Keys:
         """Hash: domain -> the operator's overrides (JSON: delay ms, cap, adaptive)."""
         return self._k("domain_conf")
 
+    @property
+    def notify_limits(self) -> str:
+        """Sorted set, on the base prefix: ``event|subject`` -> end of its notice
+        rate limit (ms)."""
+        return self._k("notify:limits")
+
+    @property
+    def notify_digest(self) -> str:
+        """Hash, on the base prefix: the open digest window (start ms, notices counted,
+        held, held per signal)."""
+        return self._k("notify:digest")
+
+    @property
+    def notify_held(self) -> str:
+        """List, on the base prefix: the notices held for the open digest (JSON, capped)."""
+        return self._k("notify:held")
+
+    @property
+    def audit(self) -> str:
+        """Capped stream of changes to job definitions and states (the audit trail)."""
+        return self._k("audit")
+
+    @property
+    def audit_cursor(self) -> str:
+        """String: id of the last audit entry copied into the Django change history."""
+        return self._k("audit_cursor")
+
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
             self.defs, self.schedule, self.http_schedule, self.queued, self.leases, self.state,
             self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
-            self.workers, self.domains, self.domain_conf,
+            self.workers, self.domains, self.domain_conf, self.notify_limits,
+            self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
         ]

@@ -105,6 +105,8 @@ def repartition(client: Any, settings: Settings, to: int, *, force: bool = False
     new_prefixes = {keys.prefix for keys in new}
     for keys in old:
         if keys.prefix not in new_prefixes:
+            # The audit trail first: _retire deletes every key of the partition.
+            _retire_audit(client, keys, new[0], settings.audit_maxlen)
             _retire(client, keys, new[0], settings.events_maxlen)
     client.set(base.layout, str(to))
     report.seconds = time.perf_counter() - started
@@ -181,6 +183,33 @@ def _drop(client: Any, src: Keys, ids: list[str]) -> None:
     for name in _MEMBERS:
         pipe.srem(getattr(src, name), *ids)
     pipe.execute()
+
+
+def _retire_audit(client: Any, old: Keys, heir: Keys, maxlen: int) -> None:
+    """Append a retired partition's audit trail to ``heir``'s stream.
+
+    The copies get new entry ids, so each keeps its time in ``at``; those the
+    Django change history already holds are marked ``drained``, and its drain
+    skips them. Entries move as they are copied: a resumed run copies none twice.
+    """
+    cursor = str(client.get(old.audit_cursor) or "0")
+    while maxlen > 0:
+        rows = client.xrange(old.audit, count=1000)
+        if not rows:
+            break
+        pipe = client.pipeline(transaction=False)
+        for sid, fields in rows:
+            extra = {"at": fields.get("at") or str(sid).partition("-")[0]}
+            if _entry_order(str(sid)) <= _entry_order(cursor):
+                extra["drained"] = "1"
+            pipe.xadd(heir.audit, {**fields, **extra}, maxlen=maxlen, approximate=True)
+        pipe.xdel(old.audit, *(sid for sid, _ in rows))
+        pipe.execute()
+
+
+def _entry_order(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 def _retire(client: Any, old: Keys, heir: Keys, events_maxlen: int) -> None:

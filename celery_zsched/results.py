@@ -150,7 +150,10 @@ class ReapResult:
     held: int = 0
     #: Entries promoted before execution leases existed, converted to queued.
     converted: int = 0
+    #: Ids redelivered, republished or dead-lettered.
     ids: tuple[str, ...] = ()
+    #: Of ``ids``, the ones dead-lettered.
+    dead_ids: tuple[str, ...] = ()
 
     @classmethod
     def merge(cls, results: Iterable[ReapResult]) -> ReapResult:
@@ -159,7 +162,8 @@ class ReapResult:
         return cls(
             redelivered=sum(r.redelivered for r in parts), dead=sum(r.dead for r in parts),
             lost=sum(r.lost for r in parts), held=sum(r.held for r in parts),
-            converted=sum(r.converted for r in parts), ids=tuple(i for r in parts for i in r.ids))
+            converted=sum(r.converted for r in parts), ids=tuple(i for r in parts for i in r.ids),
+            dead_ids=tuple(i for r in parts for i in r.dead_ids))
 
     @property
     def total(self) -> int:
@@ -176,3 +180,22 @@ class SettleResult:
     label: str
     next_due_ms: int | None = None
     now_ms: int | None = None
+    #: Errors in a row after this settle (0 after a success; 0 when not applied).
+    consecutive_failures: int = 0
+    #: The domain whose breaker this settle opened (closed -> open), if any.
+    breaker_opened: str | None = None
+    #: The definition the settle read (``None`` for a deleted job).
+    job: Job | None = None
+
+
+@dataclass(frozen=True)
+class NoticeGate:
+    """What the notifiers' shared rate limit and digest said (``notify.lua``)."""
+
+    #: ``send`` | ``limited`` | ``held`` (kept for the digest) | ``flush``.
+    verdict: str
+    #: End of the open digest window that holds notices (Redis ms), or None.
+    open_until_ms: int | None
+    now_ms: int
+    #: A closed window's digest this call claimed (only this caller got it), or None.
+    digest: dict[str, Any] | None = None

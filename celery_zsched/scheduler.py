@@ -14,7 +14,9 @@ from typing import Any
 
 from celery.beat import Scheduler
 
+from . import notify, signals
 from .appstore import app_timezone
+from .audit import Actor
 from .beat_entries import job_from_entry
 from .config import Settings, redact_url
 from .errors import BrokerUnavailable, StoreUnavailable
@@ -27,6 +29,8 @@ from .telemetry import log_event
 from .visits import Visits
 
 logger = logging.getLogger("celery_zsched")
+#: Who changes the jobs of the ``beat_schedule`` setting: beat, following the config.
+STATIC_ACTOR = Actor("reconcile", "beat_schedule")
 
 #: Longest wait between retries while Redis is unreachable.
 MAX_BACKOFF_S = 30.0
@@ -81,7 +85,9 @@ class ZSchedScheduler(Scheduler):
         return f"beat@{socket.gethostname()}:{os.getpid()}"
 
     def setup_schedule(self) -> None:
-        """Import ``beat_schedule`` into the store (retried from ``tick`` if Redis is down)."""
+        """Import ``beat_schedule`` into the store (retried from ``tick`` if Redis is down),
+        and connect the notifiers the settings switch on."""
+        notify.install(self.app)
         self.sync_static()
 
     def sync_static(self) -> bool:
@@ -95,8 +101,8 @@ class ZSchedScheduler(Scheduler):
         try:
             gone = self.store.static_ids() - {job.id for job in jobs}
             if gone:
-                self.store.delete(*sorted(gone))
-            report = self.store.upsert_many(jobs, stagger=False, static=True)
+                self.store.delete(*sorted(gone), by=STATIC_ACTOR)
+            report = self.store.upsert_many(jobs, stagger=False, static=True, by=STATIC_ACTOR)
         except StoreUnavailable as exc:
             logger.warning("zsched: cannot import beat_schedule yet: %s", exc)
             return False
@@ -187,6 +193,13 @@ class ZSchedScheduler(Scheduler):
             return 0
         res = self.store.reap(self.settings.batch_size, parts=parts)
         self.visits.reaped(parts)
+        if res.dead_ids:
+            try:
+                signals.after_reap(self.app, self.store, res.dead_ids)
+            except StoreUnavailable as exc:  # the reap is done: do not fail the tick
+                logger.warning("zsched: dead letters not signalled: %s", exc)
+            except Exception:
+                logger.exception("zsched: signalling %d dead letters failed", len(res.dead_ids))
         if res.total or res.converted:
             log_event("reaped", logging.WARNING, redelivered=res.redelivered, dead=res.dead,
                       lost=res.lost, converted=res.converted, ids=list(res.ids[:20]))
@@ -246,6 +259,7 @@ class ZSchedScheduler(Scheduler):
 
     def close(self) -> None:
         super().close()
+        notify.close_all()
         if "store" in self.__dict__:
             with contextlib.suppress(StoreUnavailable):
                 self.store.announce(self.beat_name, gone=True)

@@ -11,6 +11,7 @@ that the two agree) and is loaded with the shared ``_prelude.lua`` in front.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -18,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from .job import Job
 from .keys import Keys
-from .results import ClaimBatch, Claimed, ReapResult, StartResult
+from .results import ClaimBatch, Claimed, NoticeGate, ReapResult, StartResult
 
 R = TypeVar("R")
 _PRELUDE = "_prelude"
@@ -93,8 +94,10 @@ def _start_reply(res: Sequence[Any]) -> StartResult:
 
 def _reap_reply(res: Sequence[Any]) -> ReapResult:
     redelivered, dead, lost, held, converted = (int(n) for n in res[:5])
-    return ReapResult(redelivered, dead, lost, held, converted,
-                      ids=tuple(str(i) for i in res[5:]))
+    ids = tuple(str(i) for i in res[5:])
+    # The dead-lettered ids come last.
+    return ReapResult(redelivered, dead, lost, held, converted, ids=ids,
+                      dead_ids=ids[len(ids) - dead:] if dead else ())
 
 
 def _ids(res: Sequence[Any]) -> list[str]:
@@ -109,18 +112,42 @@ def _control_reply(res: Sequence[Any]) -> tuple[int, list[str]]:
     return int(res[0]), [str(i) for i in res[1:]]
 
 
-def _settle_reply(res: Sequence[Any]) -> tuple[str, str | None, int | None]:
-    """(``ok`` | ``stale`` | ``changed`` | ``deleted``, new status, Redis now)."""
+@dataclass(frozen=True)
+class SettleReply:
+    """settle.lua's verdict (``ok`` | ``stale`` | ``changed`` | ``deleted``) and what it did."""
+
+    verdict: str
+    status: str | None = None
+    now_ms: int | None = None
+    consecutive_failures: int = 0
+    #: The domain whose breaker this settle opened, or None.
+    breaker_opened: str | None = None
+
+
+def _settle_reply(res: Sequence[Any]) -> SettleReply:
     if res[0] == "ok":
-        return "ok", str(res[1]), int(res[2])
-    return str(res[0]), None, None
+        return SettleReply("ok", str(res[1]), int(res[2]), int(res[3]), str(res[4]) or None)
+    if res[0] == "deleted":
+        return SettleReply("deleted", breaker_opened=str(res[1]) or None)
+    return SettleReply(str(res[0]))
+
+
+def _notice_reply(res: Sequence[Any]) -> NoticeGate:
+    digest = json.loads(res[3]) if res[3] else None
+    if digest is not None:
+        # cjson writes an empty table as an object.
+        digest["notices"] = [json.loads(n) for n in digest.get("notices") or []]
+        digest["by_event"] = dict(digest.get("by_event") or {})
+    return NoticeGate(str(res[0]), int(res[1]) or None, int(res[2]), digest)
 
 
 # ---------------------------------------------------------------- the scripts
+#: What a mutating script needs to record a change (see :func:`.audit.audit_args`).
+AUDIT_ARGS = ("audit_maxlen", "actor_kind", "actor_name", "note")
 UPSERT = ScriptSpec(
-    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued",
+    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued", "audit",
                "http_schedule", "http_wake"),
-    args=("static",),
+    args=("static", *AUDIT_ARGS),
     group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain",
            "transport"),
     reply=_counts)
@@ -167,14 +194,20 @@ RELEASE_HTTP = ScriptSpec(
     args=("status",), group=("id", "occurrence", "attempt"), reply=int)
 CONTROL = ScriptSpec(
     "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued",
-                "http_schedule", "http_wake"),
-    args=("operation",), group=("id", "due_ms"), reply=_control_reply)
+                "audit", "http_schedule", "http_wake"),
+    args=("operation", *AUDIT_ARGS), group=("id", "due_ms"), reply=_control_reply)
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
+
+NOTIFY = ScriptSpec(
+    "notify", ("notify_limits", "notify_digest", "notify_held"),
+    args=("operation", "subject", "window_ms", "digest_ms", "threshold", "notice", "cap",
+          "event"),
+    reply=_notice_reply)
 
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RELEASE,
-                 CONTROL, DOMAIN)
+                 CONTROL, DOMAIN, NOTIFY)
 }

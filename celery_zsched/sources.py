@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .audit import Actor, local_user
 from .beat_entries import cron_of_crontab, static_job_id
 from .config import Settings
 from .errors import ConfigurationError, ImportValidationError, ValidationError
@@ -363,8 +364,14 @@ def switch_to_store(store: Store, read: SourceRead, *, dry_run: bool = False,
     plan = SwitchPlan(read, dry_run=dry_run, skip_invalid=skip_invalid)
     todo = plan_against_store(store, read, plan)
     if todo and not dry_run:
-        plan.redis = store.upsert_many(todo, stagger=False, first_due=plan.first_due)
+        plan.redis = store.upsert_many(todo, stagger=False, first_due=plan.first_due,
+                                       by=source_actor(read))
     return plan
+
+
+def source_actor(read: SourceRead) -> Actor:
+    """The actor of an import from another scheduler: ``user@host:source``."""
+    return Actor("import", f"{local_user()}:{read.source}")
 
 
 def redbeat_client(url: str | None, store: Store) -> Any:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import heapq
+import itertools
 import json
 import math
 import random
@@ -19,6 +20,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from . import scripts
+from .audit import Actor, audit_args
 from .config import Settings
 from .connection import is_cluster, redis_client
 from .domains import DomainInfo, domain_sort_key, info_from, normalise_domain
@@ -31,6 +33,7 @@ from .results import (
     Claimed,
     ImportReport,
     JobInfo,
+    NoticeGate,
     ReapResult,
     SettleResult,
     StartResult,
@@ -166,6 +169,8 @@ class Store:
     """Job definitions and their timing state in Redis.
 
     Every time is read from the Redis server's clock (``TIME``), never the host's.
+    Every method that changes jobs takes ``by`` (an :class:`~.audit.Actor`) and
+    ``note``, and records each change in the audit trail (:mod:`.audit`).
     """
 
     def __init__(self, client: Any, settings: Settings | None = None,
@@ -309,15 +314,20 @@ class Store:
         return out
 
     # ----------------------------------------------------------------- writes
-    def upsert(self, job: Job, *, static: bool = False) -> ImportReport:
-        """Store one job. A new job first runs now (cron: its next slot)."""
-        return self.upsert_many([job], stagger=False, static=static)
+    def upsert(self, job: Job, *, static: bool = False, by: Actor | None = None,
+               note: str = "") -> ImportReport:
+        """Store one job. A new job first runs now (cron: its next slot).
+
+        The change is recorded in the audit trail as made ``by`` (default: ``api``).
+        """
+        return self.upsert_many([job], stagger=False, static=static, by=by, note=note)
 
     @_unavailable
     def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
                     total: int | None = None,
                     progress: Callable[[int], None] | None = None,
-                    first_due: dict[str, int | None] | None = None) -> ImportReport:
+                    first_due: dict[str, int | None] | None = None,
+                    by: Actor | None = None, note: str = "") -> ImportReport:
         """Store many jobs, pipelined in chunks; new jobs' first runs are staggered.
 
         Job ``i`` of ``total`` first runs at ``now + i/total * interval + jitter``,
@@ -325,6 +335,8 @@ class Store:
         exist keep their schedule (ZADD NX) unless their timing changed.
         ``first_due`` (id -> epoch ms, ``None`` = never runs) overrides the first
         run of the jobs it names, e.g. to continue another scheduler's timeline.
+        Each created or changed job is recorded in the audit trail as changed
+        ``by`` (default: ``api``), with ``note``; an unchanged one records nothing.
         """
         if total is None:
             jobs = list(jobs)
@@ -333,7 +345,8 @@ class Store:
         now = self.now_ms()
         report = ImportReport(total=total)
         chunks: dict[int, list[tuple[str, ...]]] = defaultdict(list)
-        flag = {"static": "1" if static else "0"}
+        flag = {"static": "1" if static else "0",
+                **audit_args(self.settings.audit_maxlen, by, note)}
         done = 0
         upsert = scripts.UPSERT
         with contextlib.ExitStack() as stack:
@@ -404,13 +417,14 @@ class Store:
         replies = self._pipeline_each(lambda pipe, keys: pipe.smembers(keys.static))
         return {str(m) for (members,) in replies for m in members}
 
-    def _control(self, op: str, ids: Sequence[str],
+    def _control(self, op: str, ids: Sequence[str], by: Actor | None, note: str,
                  dues: Sequence[int | str] | None = None) -> int:
         by_part = self.group([(job_id, dues[i] if dues else 0) for i, job_id in enumerate(ids)],
                              _first)
         size = self.settings.import_chunk
+        args = {"operation": op, **audit_args(self.settings.audit_maxlen, by, note)}
         calls: list[Call] = [
-            (scripts.CONTROL, self.parts[part], rows[start:start + size], {"operation": op})
+            (scripts.CONTROL, self.parts[part], rows[start:start + size], args)
             for part, rows in by_part.items() for start in range(0, len(rows), size)]
         changed, missing = 0, []
         for result in self._run(calls) if calls else []:
@@ -422,17 +436,17 @@ class Store:
         return changed
 
     @_unavailable
-    def delete(self, *ids: str) -> int:
+    def delete(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Delete jobs; an in-flight occurrence's settle will not bring them back."""
-        return self._control("delete", ids)
+        return self._control("delete", ids, by, note)
 
     @_unavailable
-    def pause(self, *ids: str) -> int:
+    def pause(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Pause jobs; an in-flight occurrence still settles but is not rescheduled."""
-        return self._control("pause", ids)
+        return self._control("pause", ids, by, note)
 
     @_unavailable
-    def resume(self, *ids: str) -> int:
+    def resume(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Resume paused (or dead-lettered) jobs; they never run earlier than they would have.
 
         An interval job runs at its last run + interval (or now, if that has
@@ -446,7 +460,7 @@ class Store:
             # "" tells the script the job is over (its end_at has passed): it is
             # unpaused but finished, never run once more.
             dues.append("" if due is None else due)
-        return self._control("resume", ids, dues)
+        return self._control("resume", ids, by, note, dues)
 
     def _resume_due(self, info: JobInfo, now: int) -> int | None:
         job, last = info.job, info.state.last_settled_ms
@@ -456,27 +470,27 @@ class Store:
         return job.first_due_ms(start, self.settings, self.rng)
 
     @_unavailable
-    def run_now(self, *ids: str) -> int:
+    def run_now(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Make jobs due now (jobs in flight are left alone)."""
-        return self._control("run_now", ids)
+        return self._control("run_now", ids, by, note)
 
     @_unavailable
-    def reset_failures(self, *ids: str) -> int:
+    def reset_failures(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Zero failure counters; a dead-lettered job is brought back as due now."""
-        return self._control("reset", ids)
+        return self._control("reset", ids, by, note)
 
     @_unavailable
-    def requeue_dead(self, *ids: str) -> int:
+    def requeue_dead(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Dead letters: unpaused and due now, counters reset (see :mod:`.dead`).
 
         Ids that are not dead letters (any more) are left alone and not counted.
         """
-        return self._control("requeue", ids)
+        return self._control("requeue", ids, by, note)
 
     @_unavailable
-    def purge_dead(self, *ids: str) -> int:
+    def purge_dead(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
         """Dead letters: dropped from the dead set; the jobs are kept, paused."""
-        return self._control("purge", ids)
+        return self._control("purge", ids, by, note)
 
     # ------------------------------------------------------------------ reads
     @_unavailable
@@ -581,6 +595,27 @@ class Store:
         replies = self._pipeline_each(commands)
         return min((int(first[0][1]) for part in replies for first in part if first),
                    default=None)
+
+    @_unavailable
+    def due_counts(self, edges: Sequence[int]) -> list[int]:
+        """Scheduled jobs due before ``edges[0]``, then in each ``[edges[i], edges[i+1])``.
+
+        ``len(edges)`` ZCOUNTs per partition, all in one pipeline: the cost
+        depends on the number of edges (and ``log N``), never on a scan.
+        """
+        if not edges:
+            return []
+
+        def commands(pipe: Any, keys: Keys) -> None:
+            pipe.zcount(keys.schedule, "-inf", f"({edges[0]}")
+            for low, high in itertools.pairwise(edges):
+                pipe.zcount(keys.schedule, low, f"({high}")
+
+        totals = [0] * len(edges)
+        for reply in self._pipeline_each(commands):
+            for index, value in enumerate(reply):
+                totals[index] += int(value)
+        return totals
 
     @_unavailable
     def stats(self) -> dict[str, int]:
@@ -900,7 +935,7 @@ class Store:
                 job = Job.from_json(raw)
                 label, next_due, next_occ, next_attempt = self._decide(
                     job, outcome, occurrence, attempt, now, retry_after_s)
-            verdict, status, settled_ms = self._call(
+            reply = self._call(
                 scripts.SETTLE, keys, id=job_id, occurrence=occurrence, attempt=attempt,
                 outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
                 next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
@@ -911,14 +946,26 @@ class Store:
                 http_status="" if http_status is None else http_status,
                 retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
                 pacing=self.pacing)
-            if verdict == "changed":
+            if reply.verdict == "changed":
                 continue
             if job is None:
-                return SettleResult(False, "deleted", label)
-            if verdict == "ok" and status is not None:
-                return SettleResult(True, status, label, next_due, settled_ms)
-            return SettleResult(False, verdict, label)
+                return SettleResult(False, "deleted", label,
+                                    breaker_opened=reply.breaker_opened)
+            if reply.verdict == "ok" and reply.status is not None:
+                return SettleResult(True, reply.status, label, next_due, reply.now_ms,
+                                    reply.consecutive_failures, reply.breaker_opened, job)
+            return SettleResult(False, reply.verdict, label, job=job)
         return SettleResult(False, "changed", outcome)
+
+    @_unavailable
+    def notice_gate(self, subject: str, notice: str, event: str, *, window_ms: int,
+                    digest_ms: int, threshold: int, cap: int) -> NoticeGate:
+        """May this notice go out? The notifiers' rate limit and digest, shared by every
+        process (``notify.lua``; keys on the base prefix). ``subject`` "" only claims
+        the digest of a window that has ended."""
+        return self._call(scripts.NOTIFY, self.base, operation="gate" if subject else "flush",
+                          subject=subject, window_ms=window_ms, digest_ms=digest_ms,
+                          threshold=threshold, notice=notice, cap=cap, event=event)
 
     def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
         """A job's definition and the clock of the server that holds it (one round trip)."""
@@ -983,7 +1030,12 @@ class Store:
     def advance_drain_cursor(self, cursor: str, part: int = 0) -> bool:
         """Move partition ``part``'s drain cursor forward to ``cursor``; never backwards
         (drains may race)."""
-        key = self.parts[part].drain_cursor
+        return self.advance_cursor(self.parts[part].drain_cursor, cursor)
+
+    @_unavailable
+    def advance_cursor(self, key: str, cursor: str) -> bool:
+        """Set the stream cursor kept at ``key`` to ``cursor``, only forward (a
+        drain that races another never moves it back); False if it was not behind."""
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:

@@ -27,6 +27,8 @@ from typing import Any
 from celery import current_app, current_task, signals
 from celery.exceptions import Ignore
 
+from . import notify
+from . import signals as zsched_signals
 from .appstore import store_for_app
 from .errors import JobFailed, StoreUnavailable
 from .heartbeat import heartbeat_for
@@ -148,6 +150,11 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
               http_status=status,
               lateness_ms=timings["lateness_ms"], wait_ms=timings["wait_ms"],
               duration_ms=timings["duration_ms"], next_run_at=result.next_due_ms)
+    try:
+        zsched_signals.after_settle(app, occ.job_id, occ.occurrence, occ.attempt, outcome,
+                                    error, result, store.settings.notify_streak)
+    except Exception:  # the settle is done: a signal must never fail the task's hook
+        logger.exception("zsched: signalling the settle of %s failed", occ.job_id)
 
 
 def _app_of(sender: Any) -> Any:
@@ -250,8 +257,11 @@ def install_start(app: Any) -> None:
 
 
 def on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Install the start hook before the worker builds its task tracers."""
-    install_start(_app_of(sender))
+    """Install the start hook before the worker builds its task tracers, and the
+    notifiers the settings switch on (before the pool forks: children inherit them)."""
+    app = _app_of(sender)
+    install_start(app)
+    notify.install(app)
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
@@ -270,9 +280,16 @@ def _consumed_queues(consumer: Any, app: Any) -> tuple[str, ...]:
 
 
 def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
-    """A clean shutdown: stop announcing the worker (running leases are still kept)."""
+    """A clean shutdown: stop announcing the worker (running leases are still kept),
+    and deliver the notices still queued (bounded wait)."""
     app = _app_of(sender)
     heartbeat_for(app, store_for_app(app)).retire()
+    notify.close_all()
+
+
+def on_process_shutdown(**_: Any) -> None:
+    """A pool child exits: deliver its queued notices (bounded wait)."""
+    notify.close_all()
 
 
 def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
@@ -357,6 +374,8 @@ def install() -> None:
     signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=_UID + ".ready")
     signals.worker_shutdown.connect(on_worker_shutdown, weak=False,
                                     dispatch_uid=_UID + ".shutdown")
+    signals.worker_process_shutdown.connect(on_process_shutdown, weak=False,
+                                            dispatch_uid=_UID + ".process_shutdown")
     signals.task_prerun.connect(on_prerun, weak=False, dispatch_uid=_UID + ".prerun")
     signals.task_success.connect(on_success, weak=False, dispatch_uid=_UID + ".success")
     signals.task_failure.connect(on_failure, weak=False, dispatch_uid=_UID + ".failure")

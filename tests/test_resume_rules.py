@@ -91,7 +91,7 @@ def test_a_dead_lettered_job_resumes_no_earlier_than_last_run_plus_interval(
     claimed = store.claim().jobs[0]
     assert store.start("r1", claimed.occurrence, claimed.attempt).runs
     time.sleep(0.08)
-    assert store.reap() == ReapResult(dead=1, ids=("r1",))
+    assert store.reap() == ReapResult(dead=1, ids=("r1",), dead_ids=("r1",))
     assert store.resume("r1") == 1
     assert store.get("r1").status == "scheduled"
     assert _due(store, "r1") == ran_at + 300_000

@@ -18,6 +18,8 @@ import redis
 from celery import Celery
 from celery.schedules import crontab
 
+from celery_zsched import audit
+from celery_zsched.audit import Actor
 from celery_zsched.beat_entries import job_from_entry, static_job_id
 from celery_zsched.config import Settings
 from celery_zsched.job import Defaults, Job
@@ -167,6 +169,15 @@ def test_restart_deletes_removed_static_jobs_updates_changed_ones_keeps_dynamic_
     assert (changed.job.interval_s, changed.job.args) == (20.0, [2])
     assert changed.due_ms is not None and changed.due_ms != 1_000, "new timing reschedules"
     assert change_due is not None
+    # The audit trail names beat's config sync; the unchanged entry recorded nothing.
+    config = Actor("reconcile", "beat_schedule")
+    assert [(c.action, c.actor) for c in audit.history(store, "change")] == [
+        ("edit", config), ("create", config)]
+    assert audit.history(store, "change")[0].diff == {"args": [[1], [2]],
+                                                       "interval_s": [10.0, 20.0]}
+    assert [c.action for c in audit.history(store, "keep")] == ["create"]
+    removed = audit.history(store, "remove")[0]
+    assert (removed.action, removed.actor) == ("delete", config)
 
 
 # ------------------------------------------------------- lazy / unavailable

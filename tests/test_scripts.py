@@ -375,7 +375,7 @@ def test_job_is_dead_lettered_after_max_deliveries(make_store: Callable[..., Sto
         assert (again.deliveries, again.task_id) == (delivery, claimed.task_id)
         assert store.start(again.job.id, again.occurrence, again.attempt).runs
     time.sleep(0.07)
-    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
+    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,), dead_ids=(claimed.job.id,))
     k = store.keys
     assert store.client.zscore(k.dead, claimed.job.id) is not None
     assert store.client.zscore(k.schedule, claimed.job.id) is None
@@ -723,7 +723,7 @@ def test_reset_failures_zeroes_counters_and_revives_a_dead_job(
     store = make_store(lease_s=0.05, max_deliveries=1, retry_max=0)
     claimed = _run_one(store)
     time.sleep(0.07)
-    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,))
+    assert store.reap() == ReapResult(dead=1, ids=(claimed.job.id,), dead_ids=(claimed.job.id,))
     state = replace(_state(store, claimed.job.id), consecutive_failures=4, failures=9,
                     last_error="boom")
     _write_state(store, claimed.job.id, state)
@@ -744,13 +744,13 @@ def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     before = store_snapshot(store)
     k = store.keys
     with pytest.raises(redis.ResponseError, match="unknown operation"):
-        store.client.eval(_lua("control"), 10, k.defs, k.schedule, k.leases, k.state, k.paused,
-                          k.dead, k.static, k.queued, k.http_schedule, k.http_wake,
-                          "explode", "c", 0)
+        store.client.eval(_lua("control"), 11, k.defs, k.schedule, k.leases, k.state, k.paused,
+                          k.dead, k.static, k.queued, k.audit, k.http_schedule, k.http_wake,
+                          "explode", 0, "api", "", "", "c", 0)
     assert store_snapshot(store) == before
-    res = store.client.eval(_lua("control"), 10, k.defs, k.schedule, k.leases, k.state, k.paused,
-                            k.dead, k.static, k.queued, k.http_schedule, k.http_wake,
-                            "pause", "c", 0, "missing", 0)
+    res = store.client.eval(_lua("control"), 11, k.defs, k.schedule, k.leases, k.state, k.paused,
+                            k.dead, k.static, k.queued, k.audit, k.http_schedule, k.http_wake,
+                            "pause", 0, "api", "", "", "c", 0, "missing", 0)
     assert res == [1, "missing"]
 
 

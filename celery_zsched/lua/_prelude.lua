@@ -188,3 +188,24 @@ end
 local function schedule_score(id, beat, http)
   return redis.call("ZSCORE", beat, id) or redis.call("ZSCORE", http, id)
 end
+
+-- ------------------------------------------------------------ audit trail
+-- One entry of a partition's capped audit stream (fields: see
+-- celery_zsched/audit.py). ``A`` holds the stream key, its cap (0: record
+-- nothing), the actor's kind and name and the note; ``...`` are more field,
+-- value pairs (the diff, or the definitions). Diffs are worked out by the
+-- reader, from the definitions: Lua only compares strings.
+local function audit_add(A, id, action, ...)
+  if A.maxlen <= 0 then return end
+  local f = {"id", id, "action", action, "kind", A.kind, "by", A.by}
+  if A.note ~= "" then f[#f + 1], f[#f + 2] = "note", A.note end
+  for _, v in ipairs({...}) do f[#f + 1] = v end
+  redis.call("XADD", A.stream, "MAXLEN", "~", A.maxlen, "*", unpack(f))
+end
+
+-- The audit ARGV of a mutating script, starting at ARGV[first]:
+-- maxlen, actor kind, actor name, note.
+local function audit_from(stream, first)
+  return {stream = stream, maxlen = tonumber(ARGV[first]) or 0, kind = ARGV[first + 1],
+          by = ARGV[first + 2], note = ARGV[first + 3]}
+end

@@ -13,24 +13,32 @@
 -- KEYS[6] dead      zset  dead-lettered ids
 -- KEYS[7] static    set   ids from beat_schedule
 -- KEYS[8] queued    zset  id -> delivery deadline ms
--- KEYS[9] http_schedule  zset  id -> due ms of transport "http" jobs
--- KEYS[10] http_wake     channel  wakes the job gateways
+-- KEYS[9] audit     stream  changes to jobs (capped): one entry per job changed
+-- KEYS[10] http_schedule  zset  id -> due ms of transport "http" jobs
+-- KEYS[11] http_wake     channel  wakes the job gateways
 -- ARGV[1] operation: pause | resume | run_now | delete | reset | requeue | purge
 --   requeue and purge act on dead letters only (ids in the dead set): a job
 --   another operator requeued or resumed a moment ago is left as it is.
 --   requeue: unpaused and due now, crash, attempt and failure streak counters
 --   reset (all-time failures and the last error are kept as history);
 --   purge: the dead letter is dropped and the job kept, paused.
--- ARGV[2..] groups of 2: id, due ms (resume: the next run, "" once the job has
+-- ARGV[2] audit stream cap (0: record nothing)
+-- ARGV[3] actor kind
+-- ARGV[4] actor name
+-- ARGV[5] note ("" = none)
+-- ARGV[6..] groups of 2: id, due ms (resume: the next run, "" once the job has
 --           ended; others ignore it)
 -- Returns {changed, then the ids that were not found}
 local defs, schedule, leases, state, paused, dead, static, queued, http, wake =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], KEYS[11]
 local op = ARGV[1]
+local A = audit_from(KEYS[9], 2)
 local now = now_ms()
 local out = {0}
+-- Pause and resume as a diff of the definition's ``enabled`` (see audit.py).
+local PAUSED, RESUMED = '{"enabled":[true,false]}', '{"enabled":[false,true]}'
 
-for i = 2, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local id = ARGV[i]
   if redis.call("HEXISTS", defs, id) == 0 then
     out[#out + 1] = id
@@ -39,7 +47,10 @@ for i = 2, #ARGV, 2 do
     local st = raw and decode_state(raw) or new_state(now)
     local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
     local changed = false
+    -- What the audit entry says besides the action: a diff, or the deleted definition.
+    local what, value = nil, nil
     if op == "delete" then
+      what, value = "def", redis.call("HGET", defs, id)
       redis.call("HDEL", defs, id)
       if not in_flight then redis.call("HDEL", state, id) end
       schedule_rem(id, schedule, http)
@@ -50,8 +61,10 @@ for i = 2, #ARGV, 2 do
     elseif op == "pause" then
       changed = redis.call("SADD", paused, id) == 1
       if schedule_rem(id, schedule, http) == 1 then st.s = "paused" end
+      what, value = "diff", PAUSED
     elseif op == "resume" then
       changed = redis.call("SREM", paused, id) == 1
+      if changed then what, value = "diff", RESUMED end
       if not in_flight and (st.s == "paused" or st.s == "dead")
           and not schedule_score(id, schedule, http) then
         redis.call("ZREM", dead, id)
@@ -86,11 +99,11 @@ for i = 2, #ARGV, 2 do
       if not in_flight and redis.call("ZREM", dead, id) == 1 then
         st.d, st.a, st.x, st.c = 0, 1, 0, 0
         if op == "requeue" then
-          redis.call("SREM", paused, id)
           schedule_add(st, id, now, schedule, http, wake)
           st.o, st.s = now, "scheduled"
+          if redis.call("SREM", paused, id) == 1 then what, value = "diff", RESUMED end
         else
-          redis.call("SADD", paused, id)
+          if redis.call("SADD", paused, id) == 1 then what, value = "diff", PAUSED end
           schedule_rem(id, schedule, http)
           st.s = "paused"
         end
@@ -100,7 +113,10 @@ for i = 2, #ARGV, 2 do
       return redis.error_reply("unknown operation " .. op)
     end
     if st then redis.call("HSET", state, id, encode_state(st)) end
-    if changed then out[1] = out[1] + 1 end
+    if changed then
+      out[1] = out[1] + 1
+      audit_add(A, id, op, what, value)
+    end
   end
 end
 return out

@@ -34,7 +34,8 @@
 -- ARGV[4] a worker counts as alive this long after its last heartbeat, ms
 -- Returns {crashed and redelivered, dead-lettered, lost and republished,
 --          held back (no worker alive), converted from "leased", then the ids
---          redelivered, dead-lettered or republished}
+--          redelivered or republished, then the ids dead-lettered (the last
+--          "dead-lettered" of them)}
 local leases, queued, schedule, state, dead, defs, counters, workers =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local http, wake = KEYS[10], KEYS[11]
@@ -42,6 +43,7 @@ local now = now_ms()
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {0, 0, 0, 0, 0}
+local dead_ids = {}
 
 local domain, flush_domains = domain_cache(KEYS[9], nil)
 
@@ -77,12 +79,13 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
       domain_land(domain, st, id)
       redis.call("ZADD", dead, now, id)
       out[2] = out[2] + 1
+      dead_ids[#dead_ids + 1] = id
     else
       reschedule(id, st)
       out[1] = out[1] + 1
+      out[#out + 1] = id
     end
     redis.call("HSET", state, id, encode_state(st))
-    out[#out + 1] = id
   end
 end
 
@@ -109,6 +112,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0,
   end
 end
 flush_domains()
+for _, id in ipairs(dead_ids) do out[#out + 1] = id end
 if out[1] > 0 then redis.call("HINCRBY", counters, "redelivered", out[1]) end
 if out[2] > 0 then redis.call("HINCRBY", counters, "dead", out[2]) end
 if out[3] > 0 then redis.call("HINCRBY", counters, "lost", out[3]) end

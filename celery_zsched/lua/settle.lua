@@ -33,7 +33,8 @@
 -- ARGV[14] HTTP status the task reported ("" = none)
 -- ARGV[15] Retry-After the task reported, ms ("" = none)
 -- ARGV[16] pacing settings JSON ("" = pacing off: only the in-flight count moves)
--- Returns {"ok", new status, now} | {"stale"} | {"changed"} | {"deleted"}
+-- Returns {"ok", new status, now, consecutive failures, domain whose breaker this
+-- settle opened ("" = none)} | {"stale"} | {"changed"} | {"deleted", that domain}
 local schedule, leases, state, defs, paused, events, counters, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local http, wake = KEYS[11], KEYS[12]
@@ -85,15 +86,23 @@ local function learn(e, P, probe)
     end
   elseif not s.b then
     local total = s.wo + s.wf
-    if total >= P.min and s.wf / total >= P.ratio then s.b, s.bo, s.pj = "open", now + P.cool, nil end
+    if total >= P.min and s.wf / total >= P.ratio then
+      s.b, s.bo, s.pj = "open", now + P.cool, nil
+      -- Only closed -> open is news: a failed probe re-opens a breaker that
+      -- never closed, and would otherwise be reported every cooldown.
+      return true
+    end
   end
+  return false
 end
 
+local opened = ""
 if st.fd then
+  local name = st.fd
   local domain, flush = domain_cache(KEYS[9], KEYS[10])
   local e, probe = domain_land(domain, st, id)
   local P = pacing_config(ARGV[16])
-  if P and outcome ~= "skip" then learn(e, P, probe) end
+  if P and outcome ~= "skip" and learn(e, P, probe) then opened = name end
   flush()
 end
 
@@ -116,7 +125,7 @@ redis.call("HINCRBY", counters, label, 1)
 
 if deleted then
   redis.call("HDEL", state, id)
-  return {"deleted"}
+  return {"deleted", opened}
 end
 
 local max_runs = tonumber(ARGV[11])
@@ -132,4 +141,4 @@ else
   end
 end
 redis.call("HSET", state, id, encode_state(st))
-return {"ok", st.s, now}
+return {"ok", st.s, now, st.c or 0, opened}

@@ -3,6 +3,8 @@
 -- Re-storing an unchanged definition never moves its schedule (ZADD NX
 -- semantics). A changed timing signature moves the schedule of a job that is
 -- not in flight; an in-flight job picks up the change when it settles.
+-- Each created job, and each job whose definition or paused state changed, is
+-- recorded in the audit stream (an unchanged job records nothing).
 --
 -- KEYS[1] defs      hash  id -> definition JSON
 -- KEYS[2] schedule  zset  id -> due ms
@@ -11,10 +13,15 @@
 -- KEYS[5] paused    set   paused ids
 -- KEYS[6] static    set   ids that come from beat_schedule
 -- KEYS[7] queued    zset  id -> delivery deadline ms
--- KEYS[8] http_schedule  zset  id -> due ms of transport "http" jobs
--- KEYS[9] http_wake      channel  wakes the job gateways
+-- KEYS[8] audit     stream  changes to jobs (capped)
+-- KEYS[9] http_schedule  zset  id -> due ms of transport "http" jobs
+-- KEYS[10] http_wake     channel  wakes the job gateways
 -- ARGV[1] "1" to mark every job as static, else "0"
--- ARGV[2..] groups of 8: id, definition JSON, first due ms ("" = none),
+-- ARGV[2] audit stream cap (0: record nothing)
+-- ARGV[3] actor kind
+-- ARGV[4] actor name
+-- ARGV[5] note ("" = none)
+-- ARGV[6..] groups of 8: id, definition JSON, first due ms ("" = none),
 --           enabled ("1"/"0"), timing signature, least ms from the job's last
 --           run to a rescheduled run ("" = no floor; interval jobs: interval +
 --           jitter, so an edit or a resume never makes a job run early), the
@@ -22,13 +29,28 @@
 --           ("h" = http, "" = celery)
 -- Returns {created, updated, rescheduled}
 local defs, schedule, leases, state, paused, static, queued, http, wake =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
 local mark_static = ARGV[1] == "1"
+local A = audit_from(KEYS[8], 2)
 local created, updated, rescheduled = 0, 0, 0
 
-for i = 2, #ARGV, 8 do
+for i = 6, #ARGV, 8 do
   local id, def, due, enabled, sig = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] == "1", ARGV[i + 4]
   local gap, dm, transport = ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
+  if A.maxlen > 0 then
+    -- Before the write: the diff is against the definition this one replaces.
+    local old = redis.call("HGET", defs, id)
+    if not old then
+      audit_add(A, id, "create", "def", def)
+    else
+      -- The paused set is the record of "enabled" (the definition keeps the
+      -- value it was last written with): "was" is the value it replaces.
+      local was_enabled = redis.call("SISMEMBER", paused, id) == 0
+      if old ~= def or was_enabled ~= enabled then
+        audit_add(A, id, "edit", "old", old, "new", def, "was", was_enabled and "1" or "0")
+      end
+    end
+  end
   local is_new = redis.call("HSET", defs, id, def) == 1
   if mark_static then redis.call("SADD", static, id) end
   local raw = redis.call("HGET", state, id)

@@ -80,6 +80,9 @@ def form_data(**overrides: Any) -> dict[str, Any]:
         # The recent-runs inline is read-only: an empty management form is enough.
         "runs-TOTAL_FORMS": "0", "runs-INITIAL_FORMS": "0",
         "runs-MIN_NUM_FORMS": "0", "runs-MAX_NUM_FORMS": "0",
+        # So is the recent-changes inline (the audit trail).
+        "changes-TOTAL_FORMS": "0", "changes-INITIAL_FORMS": "0",
+        "changes-MIN_NUM_FORMS": "0", "changes-MAX_NUM_FORMS": "0",
     }
     data.update(overrides)
     if data.get("enabled") is False:
@@ -229,9 +232,9 @@ def test_an_action_over_10000_rows_is_one_pipeline_and_one_update(
     pipelines: list[int] = []
     pause, execute = Store.pause, redis.client.Pipeline.execute
 
-    def spy_pause(self: Store, *ids: str) -> int:
+    def spy_pause(self: Store, *ids: str, **audit: Any) -> int:
         calls.append(len(ids))
-        return pause(self, *ids)
+        return pause(self, *ids, **audit)
 
     def spy_execute(self: Any, raise_on_error: bool = True) -> Any:
         pipelines.append(len(self.command_stack))

@@ -18,7 +18,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone as dj_timezone
 
 from celery_zsched.errors import ValidationError
-from celery_zsched.importer import parse_rows, read_rows, write_rows
+from celery_zsched.importer import import_actor, parse_rows, read_rows, write_rows
 from celery_zsched.job import Job
 from celery_zsched.store import ImportReport
 
@@ -137,7 +137,8 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
         clock = time.perf_counter()
         progress.start("redis", len(written))
         summary.redis = get_store().upsert_many(written, stagger=True, total=len(written),
-                                                progress=progress.update)
+                                                progress=progress.update,
+                                                by=import_actor(path))
         progress.finish()
         summary.timings["redis"] = _lap(clock)
     return summary

@@ -41,3 +41,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             hint=f"Set CELERY_ZSCHED_REDIS_URL to the LOCATION of cache {alias!r}.",
             id="zsched.W001"))
     return messages
+
+
+@register()
+def check_notify_mail(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``zsched.W002``: ``CELERY_ZSCHED_NOTIFY_MAIL`` is on but ``ADMINS`` is empty."""
+    try:
+        settings = Settings.from_mapping(zsched_mapping())
+    except ConfigurationError:
+        return []  # zsched.E001 reports it
+    if settings.notify_mail and not getattr(django_settings, "ADMINS", None):
+        return [Warning(
+            "CELERY_ZSCHED_NOTIFY_MAIL is on but ADMINS is empty: mail_admins sends nothing",
+            hint="List the people to notify in ADMINS.", id="zsched.W002")]
+    return []

@@ -27,6 +27,7 @@ from celery_zsched import dead
 from celery_zsched.dead import DeadLetter
 from celery_zsched.errors import StoreUnavailable
 
+from .audit import admin_actor, request_note
 from .conf import get_store
 from .models import ZSchedJob
 from .sync import IN_CHUNK, batched
@@ -104,7 +105,8 @@ class DeadLetterAdminViews:
         method, past, columns = ACTIONS[action]
         try:
             # Redis first: if it is down nothing changes, the database included.
-            changed = getattr(get_store(), method)(*ids)
+            changed = getattr(get_store(), method)(*ids, by=admin_actor(request),
+                                                    note=request_note(request))
         except StoreUnavailable as exc:
             messages.error(request, f"Nothing changed: {exc}")
             return

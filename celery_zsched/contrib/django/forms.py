@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import json
 import re
+import zoneinfo
+from functools import cache
 from typing import Any, ClassVar
 
 import django
 from django import forms
+from django.contrib.admin.widgets import AdminTextInputWidget
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
 from django.forms.fields import InvalidJSONInput
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from .models import DEFINITION_FIELDS, ZSchedJob
 
@@ -55,6 +60,34 @@ class SafeJSONField(forms.JSONField):
         return text
 
 
+@cache
+def _zone_options() -> SafeString:
+    # The tz database is read once per process, and its ~600 names escaped once.
+    return format_html_join("", '<option value="{}">', ((name,) for name in
+                                                        sorted(zoneinfo.available_timezones())))
+
+
+class TimeZoneInput(AdminTextInputWidget):
+    """A text box that suggests every IANA zone as you type (``<input list>`` + ``<datalist>``).
+
+    The browser filters the list by what is typed (``berl`` finds
+    ``Europe/Berlin``), with no script and no external assets, and the box
+    still takes any text: the server validates the zone and names the field.
+    """
+
+    DATALIST_ID = "zsched-timezones"
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__({"list": self.DATALIST_ID, "autocomplete": "off",
+                          "placeholder": "e.g. Europe/Berlin", **(attrs or {})})
+
+    def render(self, name: str, value: Any, attrs: dict[str, Any] | None = None,
+               renderer: Any = None) -> SafeString:
+        box = super().render(name, value, attrs, renderer)
+        return format_html('{}<datalist id="{}">{}</datalist>', box, self.DATALIST_ID,
+                           _zone_options())
+
+
 def _formfield(db_field: models.Field, **kwargs: Any) -> Any:
     if isinstance(db_field, models.URLField) and django.VERSION >= (5, 0):
         kwargs.setdefault("assume_scheme", "https")  # say it, rather than rely on a default
@@ -73,6 +106,7 @@ class ZSchedJobForm(forms.ModelForm):
         field_classes: ClassVar[dict[str, type]] = {
             "meta": SafeJSONField, "args": SafeJSONField, "kwargs": SafeJSONField}
         formfield_callback = _formfield
+        widgets: ClassVar[dict[str, forms.Widget]] = {"timezone": TimeZoneInput()}
 
     def clean_meta(self) -> Any:
         return self._json_or_empty("meta", dict)

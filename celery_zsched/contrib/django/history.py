@@ -28,6 +28,7 @@ from django.utils import timezone as dj_timezone
 from celery_zsched.errors import redis_unavailable
 from celery_zsched.store import Store
 
+from .audit import drain_changes
 from .conf import get_django_settings, get_store
 from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
 from .sync import IN_CHUNK, batched
@@ -49,6 +50,8 @@ class DrainReport:
     pruned: int = 0
     #: Stream id of the last entry drained ("0": none yet).
     cursor: str = "0"
+    #: Audit trail entries copied into the change history (see :mod:`.audit`).
+    changes: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,6 +62,7 @@ class DrainReport:
 def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -> DrainReport:
     """Copy up to ``max_items`` new settle events into :class:`ZSchedRun`; idempotent.
 
+    The audit trail's new entries are copied into the change history as well.
     Then, with ``prune``, delete history older than ``CELERY_ZSCHED_HISTORY_DAYS``.
     Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
     """
@@ -66,6 +70,7 @@ def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -
     store = get_store()
     with redis_unavailable():
         report = _drain(store, max_items, batch)
+    report.changes = drain_changes(max_items, batch=batch).created
     if prune:
         report.pruned = prune_history()
     report.seconds = time.perf_counter() - started

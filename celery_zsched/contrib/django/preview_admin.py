@@ -3,20 +3,23 @@ endpoint the add and change forms call as the timing fields are edited.
 
 The endpoint (``.../zschedjob/preview/?cron=...&timezone=...``) validates the
 timing with :meth:`Job.from_dict`, as saving would, and answers the fires of
-:mod:`celery_zsched.preview` or the field errors. It reads the local clock,
-not Redis: a form being typed into should not need the store, and a preview of
-unsaved timing has no stored due time to read anyway. Guarded by the job
-admin's view permission, as the Domains pages are.
+:mod:`celery_zsched.preview` and the timing in plain words, or the field
+errors. It reads the local clock, not Redis: a form being typed into should
+not need the store, and a preview of unsaved timing has no stored due time to
+read anyway. Guarded by the job admin's view permission, as the Domains pages
+are.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone as dj_timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -26,12 +29,26 @@ from celery_zsched.preview import Fire, Preview, preview
 
 from .conf import get_defaults, get_settings
 from .models import model_field_for
+from .words import job_in_words
 
 #: Fires the change page and the live preview show.
 COUNT = 10
 #: Query parameters the endpoint reads: the form fields that move the fire times.
 FIELDS = ("cron", "timezone", "interval_s", "day_rule", "jitter_s", "max_runs", "run_at",
           "start_at", "end_at")
+#: Of those, the date-times (their split widgets post a date and a time).
+TIME_FIELDS = ("run_at", "start_at", "end_at")
+
+
+def _as_form_reads(text: str) -> str:
+    """A naive ISO time as the admin form reads it: in ``TIME_ZONE``, not the job's zone."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        return text  # Job.from_dict names the field and says what it expects
+    if dj_timezone.is_naive(value):
+        value = dj_timezone.make_aware(value)
+    return value.isoformat()
 
 
 def url_name(model_admin: Any) -> str:
@@ -55,16 +72,21 @@ def urls(model_admin: Any) -> list[URLPattern]:
 
 
 def preview_json(request: HttpRequest) -> JsonResponse:
-    """Fires of the timing in the query string, or ``{"errors": {field: [message]}}``."""
+    """Fires and plain words of the timing in the query string, or
+    ``{"errors": {field: [message]}}``."""
     data: dict[str, Any] = {"id": "preview", "task": "preview"}
     data.update({k: v for k in FIELDS if (v := request.GET.get(k, "").strip())})
+    for name in TIME_FIELDS:
+        if name in data:
+            data[name] = _as_form_reads(data[name])
     try:
         job = Job.from_dict(data, get_defaults())
     except ValidationError as exc:
         return JsonResponse({"errors": {model_field_for(exc.field): [exc.message]}},
                             status=400)
     result = preview(job, int(time.time() * 1000), COUNT, get_settings())
-    return JsonResponse({"timezone": job.timezone, **result.to_dict()})
+    return JsonResponse({"timezone": job.timezone, "words": job_in_words(job),
+                         **result.to_dict()})
 
 
 def _note(fire: Fire) -> str:

@@ -21,7 +21,7 @@ from django.dispatch import receiver
 
 from celery_zsched.errors import ValidationError
 
-from . import sync
+from . import audit, sync
 from .models import ZSchedJob
 
 logger = logging.getLogger("celery_zsched.django")
@@ -46,7 +46,10 @@ def job_saved(sender: type[ZSchedJob], instance: ZSchedJob, using: str,
         job = None
     if job is None and old_id is None:
         return
-    transaction.on_commit(functools.partial(sync.push, job, replaces=old_id), using=using)
+    # The actor is bound now: the callback may run after the request has gone.
+    by, note = audit.current()
+    transaction.on_commit(functools.partial(sync.push, job, replaces=old_id, by=by, note=note),
+                          using=using)
 
 
 @receiver(post_delete, sender=ZSchedJob, dispatch_uid="zsched_job_deleted")
@@ -55,4 +58,6 @@ def job_deleted(sender: type[ZSchedJob], instance: ZSchedJob, using: str,
     """Queue the removal of the deleted job from Redis."""
     job_id = instance._zsched_loaded_id or instance.job_id
     if job_id:
-        transaction.on_commit(functools.partial(sync.remove, [job_id]), using=using)
+        by, note = audit.current()
+        transaction.on_commit(functools.partial(sync.remove, [job_id], by=by, note=note),
+                              using=using)

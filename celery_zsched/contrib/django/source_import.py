@@ -24,6 +24,7 @@ from celery_zsched.sources import (
     plan_against_store,
     read_redbeat,
     redbeat_client,
+    source_actor,
 )
 
 from .bulk import _create, _update
@@ -107,5 +108,6 @@ def import_source(read: SourceRead, *, dry_run: bool = False, skip_invalid: bool
     plan.notes.append(f"database: {verb}create {len(fresh)} row(s), {verb}update {changed}, "
                       f"unchanged {len(existing) - changed}")
     if todo and not dry_run:
-        plan.redis = get_store().upsert_many(todo, stagger=False, first_due=plan.first_due)
+        plan.redis = get_store().upsert_many(todo, stagger=False, first_due=plan.first_due,
+                                             by=source_actor(read))
     return plan

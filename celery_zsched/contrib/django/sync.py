@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from django.db.models import QuerySet
 
+from celery_zsched.audit import Actor, local_user
 from celery_zsched.errors import JobNotFound, ValidationError, ZSchedError
 from celery_zsched.job import Defaults, Job
 from celery_zsched.store import Store
@@ -90,19 +91,27 @@ def valid_jobs(rows: Iterable[ZSchedJob], defaults: Defaults,
                 invalid.append(f"{row.job_id or row.pk}: {exc}")
 
 
+def reconcile_actor() -> Actor:
+    """Who reconcile's changes are recorded as made by: ``zsched_sync`` or its task,
+    run by this process' user."""
+    return Actor("reconcile", local_user())
+
+
 # --------------------------------------------------------- after-commit pushes
-def push(job: Job | None, *, replaces: str | None = None) -> bool:
+def push(job: Job | None, *, replaces: str | None = None, by: Actor | None = None,
+         note: str = "") -> bool:
     """Store ``job`` in Redis (disabled jobs are stored paused); False if Redis failed.
 
     ``replaces`` is a previous id of the same row, deleted first. Failures are
     logged, never raised: the row is saved, and :func:`reconcile` repairs Redis.
+    The change is recorded as made ``by`` (default: ``api``), with ``note``.
     """
     try:
         store = get_store()
         if replaces:
-            _delete(store, [replaces])
+            _delete(store, [replaces], by=by, note=note)
         if job is not None:
-            store.upsert(job)
+            store.upsert(job, by=by, note=note)
     except (ZSchedError, redis.RedisError) as exc:
         logger.warning("zsched: Redis not updated for job %s (%s); zsched_sync will reconcile it",
                        job.id if job else replaces, exc)
@@ -110,10 +119,10 @@ def push(job: Job | None, *, replaces: str | None = None) -> bool:
     return True
 
 
-def remove(job_ids: Sequence[str]) -> bool:
+def remove(job_ids: Sequence[str], *, by: Actor | None = None, note: str = "") -> bool:
     """Delete jobs from Redis; False (logged, not raised) if Redis failed."""
     try:
-        _delete(get_store(), job_ids)
+        _delete(get_store(), job_ids, by=by, note=note)
     except (ZSchedError, redis.RedisError) as exc:
         logger.warning("zsched: Redis not updated for deleted job(s) %s (%s); "
                        "zsched_sync will reconcile", ", ".join(job_ids[:5]), exc)
@@ -121,15 +130,16 @@ def remove(job_ids: Sequence[str]) -> bool:
     return True
 
 
-def _delete(store: Store, job_ids: Sequence[str]) -> int:
+def _delete(store: Store, job_ids: Sequence[str], *, by: Actor | None = None,
+            note: str = "") -> int:
     try:
-        return store.delete(*job_ids)
+        return store.delete(*job_ids, by=by, note=note)
     except JobNotFound:  # one id that Redis never had: already as wanted
         return 0
 
 
 def push_pks(pks: Sequence[int], *, stagger: bool = True,
-             progress: Callable[[int], None] | None = None) -> int:
+             progress: Callable[[int], None] | None = None, by: Actor | None = None) -> int:
     """Upsert the definitions of rows named by primary key, streamed; returns the count.
 
     Rows are read 900 at a time; first runs of new jobs are staggered over all
@@ -140,7 +150,8 @@ def push_pks(pks: Sequence[int], *, stagger: bool = True,
     invalid: list[str] = []
     jobs = (job for part in batched(pks, IN_CHUNK) for _row, job in valid_jobs(
         ZSchedJob.objects.filter(pk__in=part).order_by("pk"), defaults, invalid))
-    report = get_store().upsert_many(jobs, stagger=stagger, total=len(pks), progress=progress)
+    report = get_store().upsert_many(jobs, stagger=stagger, total=len(pks), progress=progress,
+                                     by=by)
     for line in invalid[:SAMPLES]:
         logger.error("zsched: invalid job not sent to Redis: %s", line)
     return report.created + report.updated
@@ -233,7 +244,7 @@ def reconcile(*, dry_run: bool = False, prune: bool = True, chunk_size: int = CH
         progress.advance(len(rows))
     if to_push and not dry_run:
         progress.start("redis", len(to_push))
-        push_pks(to_push, progress=progress.update)
+        push_pks(to_push, progress=progress.update, by=reconcile_actor())
     progress.finish()
     _prune_unknown(store, report, prune=prune, chunk_size=chunk_size)
     report.seconds = time.perf_counter() - started
@@ -288,4 +299,4 @@ def _prune_unknown(store: Store, report: ReconcileReport, *, prune: bool,
     report.deleted = len(doomed)
     if doomed and not report.dry_run:
         for part in batched(doomed, 10 * CHUNK):
-            _delete(store, part)
+            _delete(store, part, by=reconcile_actor())

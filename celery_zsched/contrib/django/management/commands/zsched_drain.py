@@ -12,8 +12,9 @@ from ...history import drain
 
 
 class Command(BaseCommand):
-    help = ("Copy new settle events from the Redis stream into run history (idempotent) "
-            "and delete history older than CELERY_ZSCHED_HISTORY_DAYS.")
+    help = ("Copy new settle events from the Redis stream into run history and new "
+            "audit entries into the job change history (idempotent), and delete run "
+            "history older than CELERY_ZSCHED_HISTORY_DAYS.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--max-items", type=int, default=1_000_000,
@@ -29,5 +30,6 @@ class Command(BaseCommand):
             return
         self.stdout.write(
             f"read {report.read} event(s), recorded {report.created} run(s), refreshed "
-            f"{report.jobs_updated} job(s), pruned {report.pruned} old run(s); "
+            f"{report.jobs_updated} job(s), recorded {report.changes} job change(s), "
+            f"pruned {report.pruned} old run(s); "
             f"cursor {report.cursor}; took {report.seconds:.2f}s")

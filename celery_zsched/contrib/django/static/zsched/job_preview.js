@@ -1,10 +1,21 @@
-/* Live next fire times on the job add/change form of the celery-zsched admin.
- * As the timing fields change, ask the admin's preview endpoint (same origin,
- * no third-party code) and redraw the table in #zsched-next-fires. */
+/* Live next fire times and plain words on the job add/change form of the
+ * celery-zsched admin. As the timing fields change, ask the admin's preview
+ * endpoint (same origin, no third-party code), redraw the table in
+ * #zsched-next-fires and rewrite the sentence in #zsched-words. */
 (function () {
   "use strict";
   var FIELDS = ["cron", "timezone", "interval_s", "day_rule", "jitter_s", "max_runs"];
-  var box, timer, asked = 0;
+  // Split date/time widgets: sent only when the date is ISO (YYYY-MM-DD), which
+  // the endpoint reads like an import row; other locales' dates are left out.
+  var TIMES = ["run_at", "start_at", "end_at"];
+  var ISO_DATE = /^\d{4}-\d{2}-\d{2}$/;
+  var box, words, timer, asked = 0;
+
+  function when(name) {
+    var date = value(name + "_0").trim(), clock = value(name + "_1").trim();
+    if (!ISO_DATE.test(date)) { return ""; }
+    return date + "T" + (clock || "00:00:00");
+  }
 
   function value(name) {
     var checked = document.querySelector('input[name="' + name + '"]:checked');
@@ -26,7 +37,21 @@
     return marks.join("; ");
   }
 
+  function say(data) {
+    if (!words) { return; }
+    if (data.errors) {
+      words.textContent = Object.keys(data.errors).map(function (field) {
+        return field + ": " + data.errors[field].join(" ");
+      }).join("; ");
+      words.className = "errornote";
+    } else {
+      words.textContent = data.words;
+      words.className = "";
+    }
+  }
+
   function draw(data) {
+    say(data);
     box.textContent = "";
     if (data.errors) {
       Object.keys(data.errors).forEach(function (field) {
@@ -63,6 +88,10 @@
   function refresh() {
     var query = new URLSearchParams();
     FIELDS.forEach(function (name) { query.set(name, value(name)); });
+    TIMES.forEach(function (name) {
+      var text = when(name);
+      if (text) { query.set(name, text); }
+    });
     var mine = ++asked;  // only the answer to the latest edit is drawn
     fetch(box.dataset.url + "?" + query.toString(), {credentials: "same-origin"})
       .then(function (r) { return r.json(); })
@@ -77,8 +106,11 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     box = document.getElementById("zsched-next-fires");
+    words = document.getElementById("zsched-words");
     if (!box) { return; }
-    FIELDS.forEach(function (name) {
+    var names = FIELDS.slice();
+    TIMES.forEach(function (name) { names.push(name + "_0", name + "_1"); });
+    names.forEach(function (name) {
       document.querySelectorAll('[name="' + name + '"]').forEach(function (el) {
         el.addEventListener("input", later);
         el.addEventListener("change", later);

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('zsched', '0003_job_domain'),
+        ('zsched', '0005_job_change'),
     ]
 
     operations = [
