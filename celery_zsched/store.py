@@ -597,24 +597,28 @@ class Store:
                    default=None)
 
     @_unavailable
-    def due_counts(self, edges: Sequence[int]) -> list[int]:
+    def due_counts(self, edges: Sequence[int], *, http: bool = False) -> list[int]:
         """Scheduled jobs due before ``edges[0]``, then in each ``[edges[i], edges[i+1])``.
 
         ``len(edges)`` ZCOUNTs per partition, all in one pipeline: the cost
         depends on the number of edges (and ``log N``), never on a scan.
+        ``http``: count the HTTP schedules' jobs too (twice the ZCOUNTs).
         """
         if not edges:
             return []
+        zsets = ("schedule", "http_schedule") if http else ("schedule",)
 
         def commands(pipe: Any, keys: Keys) -> None:
-            pipe.zcount(keys.schedule, "-inf", f"({edges[0]}")
-            for low, high in itertools.pairwise(edges):
-                pipe.zcount(keys.schedule, low, f"({high}")
+            for name in zsets:
+                zset = getattr(keys, name)
+                pipe.zcount(zset, "-inf", f"({edges[0]}")
+                for low, high in itertools.pairwise(edges):
+                    pipe.zcount(zset, low, f"({high}")
 
         totals = [0] * len(edges)
         for reply in self._pipeline_each(commands):
             for index, value in enumerate(reply):
-                totals[index] += int(value)
+                totals[index % len(edges)] += int(value)
         return totals
 
     @_unavailable
