@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_zsched import audit
+from celery_zsched.audit import Actor
 from celery_zsched.errors import ImportValidationError, ValidationError
 from celery_zsched.importer import import_file, read_rows, write_rows
 from celery_zsched.job import Job
@@ -134,6 +136,26 @@ def test_changing_the_transport_moves_a_waiting_job_at_the_same_due_time(store: 
     assert store.client.zscore(store.keys.http_schedule, "m") == due
     store.upsert(_job("m", "celery"))
     assert _where(store, "m") == "beat" and store.client.zscore(store.keys.schedule, "m") == due
+
+
+def test_transport_changes_and_http_job_controls_are_in_the_audit_trail(store: Store) -> None:
+    """A change of transport is an edit whose diff says so; the controls of an HTTP
+    job are recorded as any job's (newest first)."""
+    ops = Actor("cli", "ops@host")
+    store.upsert(_job("a", "celery"), by=ops)
+    store.upsert(_job("a", "http"), by=ops, note="to the Go workers")
+    assert _where(store, "a") == "http"
+    store.pause("a", by=ops)
+    store.resume("a", by=ops)
+    store.delete("a", by=ops, note="retired")
+    delete, resume, pause, edit, create = audit.history(store, "a")
+    assert [c.action for c in (create, edit, pause, resume, delete)] == [
+        "create", "edit", "pause", "resume", "delete"]
+    assert "transport" not in create.diff  # the default, left out of the definition
+    assert edit.diff == {"transport": ["celery", "http"]} and edit.note == "to the Go workers"
+    assert pause.diff == {"enabled": [True, False]} and resume.diff == {"enabled": [False, True]}
+    assert delete.diff["transport"] == ["http", None] and delete.note == "retired"
+    assert {c.actor for c in (create, edit, pause, resume, delete)} == {ops}
 
 
 def test_settle_and_reap_put_an_http_job_back_in_the_http_schedule(make_store: Callable[..., Store]
