@@ -12,7 +12,8 @@ import socket
 import click
 from celery.bin.base import CeleryCommand
 
-from .cli import EX_CONFIG, EX_UNAVAILABLE, _echo, _errors, _fail, _store
+from . import notify
+from .cli import EX_CONFIG, EX_UNAVAILABLE, _app, _echo, _errors, _fail, _store
 from .config import api_token_scopes
 
 
@@ -44,4 +45,10 @@ def serve(ctx: click.Context, host: str, port: int, log_level: str) -> None:
         _fail(f"cannot listen on {host}:{port}: {exc}", EX_UNAVAILABLE)
     _echo(ctx, f"serving the zsched job gateway on http://{host}:{port} (prefix "
                f"{store.base.prefix}); Ctrl-C stops")
-    run(store, host, port, log_level=log_level)
+    # The notifiers hear the server's settles and reaps, as a worker's and beat's.
+    app = _app(ctx)
+    notify.install(app)
+    try:
+        run(store, host, port, log_level=log_level, sender=app)
+    finally:
+        notify.close_all()

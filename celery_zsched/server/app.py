@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,10 +28,14 @@ STORE_RETRY_S = 2
 STORE_THREADS = 32
 
 
-def create_app(store: Store) -> FastAPI:
-    """The server for ``store``, configured by its settings (tokens, timeouts)."""
+def create_app(store: Store, *, sender: Any = None) -> FastAPI:
+    """The server for ``store``, configured by its settings (tokens, timeouts).
+
+    ``sender`` (the Celery app) sends the signals of its settles and reaps, as a
+    worker and beat do (:mod:`celery_zsched.signals`): the notifiers hear HTTP jobs too.
+    """
     settings = store.settings
-    dispatcher = Dispatcher(store)
+    dispatcher = Dispatcher(store, sender=sender)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,7 +60,7 @@ def create_app(store: Store) -> FastAPI:
     app.state.gateway = gateway.Gateway(
         store=store, dispatcher=dispatcher,
         signer=LeaseSigner.for_settings(store.base.prefix, settings.api_tokens),
-        timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s)
+        timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s, sender=sender)
     app.include_router(gateway.router)
 
     @app.exception_handler(Problem)

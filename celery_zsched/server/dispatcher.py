@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .. import signals
 from ..errors import StoreUnavailable
 from ..results import Claimed
 from ..store import Store
@@ -76,8 +77,10 @@ class Dispatcher:
     """Hands due HTTP jobs to long-polls; see the module docstring."""
 
     def __init__(self, store: Store, *, claim_max: int = CLAIM_MAX,
-                 run_sync: Callable[..., Any] | None = None) -> None:
+                 run_sync: Callable[..., Any] | None = None, sender: Any = None) -> None:
         self.store = store
+        #: Sends ``job_dead_lettered`` for the leases this server's reaps dead-letter.
+        self.sender = sender
         self.claim_max = claim_max
         self.lines: dict[str, _Line] = {}
         self.closing = False
@@ -287,6 +290,12 @@ class Dispatcher:
                 logger.info("zsched gateway: %d lease(s) ended unreported: %d back in the "
                             "schedule, %d dead-lettered", result.redelivered + result.dead,
                             result.redelivered, result.dead)
+            if result.dead_ids:
+                try:  # as beat does after its reap
+                    await asyncio.to_thread(signals.after_reap, self.sender, self.store,
+                                            result.dead_ids)
+                except Exception:  # the reap is done: a signal must never stop reaping
+                    logger.exception("zsched gateway: signalling dead letters failed")
 
     # ------------------------------------------------------------- wake-ups
     def _listen(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from .. import signals
 from ..results import Claimed, SettleResult
 from ..store import Store
 from ..telemetry import log_event
@@ -26,6 +27,7 @@ from .dispatcher import Dispatcher, ShuttingDown, StoreDown
 from .lease import Lease, LeaseSigner
 from .problems import Problem, bad_field
 
+logger = logging.getLogger("celery_zsched.server")
 router = APIRouter(tags=["gateway"], dependencies=[Depends(require("worker"))])
 #: Retry-After of a 503 while the server shuts down (another one will answer).
 SHUTDOWN_RETRY_S = 5
@@ -40,6 +42,8 @@ class Gateway:
     signer: LeaseSigner
     timeout_s: float
     lease_s: float
+    #: Sends the signals of each settle (the Celery app, as a worker does).
+    sender: Any = None
 
     def job_body(self, claimed: Claimed) -> dict[str, Any]:
         """What a worker gets: the job, and the lease it echoes back."""
@@ -174,6 +178,11 @@ async def _settle(request: Request, job_id: str, report: CompleteReport, outcome
               status=result.label, applied=result.applied, error=error or None,
               http_status=status, lateness_ms=timings["lateness_ms"],
               wait_ms=timings["wait_ms"], duration_ms=duration, next_run_at=result.next_due_ms)
+    try:
+        signals.after_settle(gateway.sender, lease.job_id, lease.occurrence, lease.attempt,
+                             outcome, error, result, gateway.store.settings.notify_streak)
+    except Exception:  # the settle is done: a signal must never fail the report
+        logger.exception("zsched gateway: signalling the settle of %s failed", lease.job_id)
     return _settled(result)
 
 

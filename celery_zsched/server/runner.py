@@ -48,10 +48,14 @@ def _log_events(level: str) -> None:
         logger.propagate = False
 
 
-def serve(store: Store, host: str, port: int, *, log_level: str = "info") -> None:
-    """Run the server on ``host:port`` until a signal stops it."""
+def serve(store: Store, host: str, port: int, *, log_level: str = "info",
+          sender: Any = None) -> None:
+    """Run the server on ``host:port`` until a signal stops it.
+
+    ``sender``: the Celery app, whose notifiers hear the server's settles and reaps.
+    """
     _log_events(log_level)
-    app = create_app(store)
+    app = create_app(store, sender=sender)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACEFUL_S, lifespan="on",
                             access_log=False)

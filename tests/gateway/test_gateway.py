@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from celery_zsched import signals
 from celery_zsched.server import auth
 from celery_zsched.state import RuntimeState
 from tests.gateway.conftest import READER, WORKER, Served, elapsed, http_job
@@ -254,6 +255,53 @@ def test_an_error_retries_with_backoff_or_after_retry_after(serve: Callable[...,
     res = _report(served, "e", "error", _echo(retry, error="slow down", status=429,
                                               retry_after=42))
     assert res.json()["next_run_at"] == pytest.approx(store.now_ms() + 42_000, abs=500)
+
+
+@pytest.fixture
+def heard() -> Any:
+    """The zsched signals raised meanwhile (any sender), by name."""
+    got: dict[str, list[Any]] = {}
+
+    def receiver(signal: Any, event: Any, **_: Any) -> None:
+        got.setdefault(event.event, []).append(event)
+
+    for sig in signals.SIGNALS.values():
+        sig.connect(receiver, weak=False)
+    yield got
+    for sig in signals.SIGNALS.values():
+        sig.disconnect(receiver)
+
+
+def test_the_gateways_errors_raise_the_notification_signals(
+        serve: Callable[..., Served], heard: dict[str, list[Any]]) -> None:
+    """A worker's error report is a settle like a Celery worker's: job_failed, then
+    job_retries_exhausted once no retry is left, and the failing streak."""
+    served = serve(retry_base_s=0.05, retry_max=1, notify_streak=2, gateway_timeout_s=3)
+    served.store.upsert(http_job("n", name="nightly"))
+    first = _take(served)
+    assert _report(served, "n", "error", _echo(first, error="one", status=500)).json()[
+        "outcome"] == "retrying"
+    assert [e.error for e in heard["job_failed"]] == ["one"]
+    assert "job_retries_exhausted" not in heard
+    second = _take(served)
+    _report(served, "n", "error", _echo(second, error="two"))
+    [exhausted] = heard["job_retries_exhausted"]
+    assert (exhausted.job_id, exhausted.name, exhausted.error) == ("n", "nightly", "two")
+    assert [e.consecutive_failures for e in heard["job_failed"]] == [1, 2]
+    assert heard["job_failing_streak"][0].consecutive_failures == 2
+    # A repeated report changes nothing, and says nothing.
+    assert _report(served, "n", "error", _echo(second, error="two")).status_code == 409
+    assert len(heard["job_failed"]) == 2
+
+
+def test_a_lease_the_gateway_reaps_into_the_dead_letters_raises_job_dead_lettered(
+        serve: Callable[..., Served], heard: dict[str, list[Any]]) -> None:
+    served = serve(gateway_lease_s=0.2, max_deliveries=1)
+    served.store.upsert(http_job("d"))
+    _take(served)  # and never reported: the worker died
+    wait(lambda: "job_dead_lettered" in heard, 10, "the reaper's dead letter")
+    [dead] = heard["job_dead_lettered"]
+    assert dead.job_id == "d" and "dead-lettered" in dead.error
 
 
 def test_a_retry_keeps_its_occurrence_and_doubles_its_delay(serve: Callable[..., Served]) -> None:
