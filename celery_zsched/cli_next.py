@@ -24,19 +24,10 @@ def _jitter(fire: Fire) -> str:
     return f"+0..{fire.jitter_ms / 1000:g}s" if fire.jitter_ms else "-"
 
 
-def _mark(fire: Fire) -> str:
-    marks = []
-    if fire.shifted:
-        marks.append("shifted (DST gap skipped its wall time)")
-    if fire.repeated:
-        marks.append(f"repeated (DST fold, pass {fire.local.fold + 1} of 2)")
-    return "; ".join(marks)
-
-
 def _lines(result: Preview) -> list[str]:
     rows = [("#", "LOCAL", "UTC", "JITTER", "")]
     rows += [(str(i), f.local.strftime("%Y-%m-%d %H:%M:%S %Z (%z)"),
-              f.utc.strftime("%Y-%m-%d %H:%M:%SZ"), _jitter(f), _mark(f))
+              f.utc.strftime("%Y-%m-%d %H:%M:%SZ"), _jitter(f), f.dst_note)
              for i, f in enumerate(result.fires, 1)]
     widths = [max(len(row[col]) for row in rows) for col in range(4)]
     return ["  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)),

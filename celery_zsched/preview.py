@@ -55,11 +55,22 @@ class Fire:
     def latest_ms(self) -> int:
         return self.utc_ms + self.jitter_ms
 
+    @property
+    def dst_note(self) -> str:
+        """What DST did to this fire, in the words the CLI, the admin and the live
+        preview all show ("" for most fires)."""
+        marks = []
+        if self.shifted:
+            marks.append("shifted: a DST gap skipped its wall time")
+        if self.repeated:
+            marks.append(f"repeated: DST fold, pass {self.local.fold + 1} of 2")
+        return "; ".join(marks)
+
     def to_dict(self) -> dict[str, Any]:
         return {"utc": _iso(self.utc), "local": self.local.isoformat(),
                 "timezone": self.timezone, "latest_utc": _iso(ms_to_dt(self.latest_ms)),
                 "jitter_s": self.jitter_ms / 1000, "shifted": self.shifted,
-                "repeated": self.repeated}
+                "repeated": self.repeated, "dst_note": self.dst_note}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import uuid
 from collections import Counter
@@ -27,7 +26,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from tests.helpers import wait
+from tests.helpers import bindable, wait, worker_share
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -39,20 +38,12 @@ NODE_TIMEOUT_MS = 1000
 _PORTS = range(12000, 22768)
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
+    """A free port whose cluster bus port (+10000) is free too, from this worker's share."""
+    share = worker_share(_PORTS)
     for _ in range(1000):
-        port = random.choice(_PORTS)
-        if _bindable(port) and _bindable(port + 10000):
+        port = random.choice(share)
+        if bindable(port) and bindable(port + 10000):
             return port
     raise AssertionError("no free port pair for a cluster node")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 import time
 import uuid
@@ -35,11 +37,44 @@ def store_snapshot(store: Store) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def worker_share(ports: range) -> range:
+    """This pytest-xdist worker's own slice of ``ports`` (all of it without xdist).
+
+    A test that kills a server frees its port; were the other worker to start a
+    server on it meanwhile, the test would find its "dead" server alive (a CI
+    Sentinel never failed over). Disjoint slices rule that out.
+    """
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(name[2:]) if name.startswith("gw") else 0
+    size = len(ports) // max(count, 1)
+    return ports[index * size:(index + 1) * size]
+
+
+def bindable(port: int) -> bool:
+    """Whether nothing listens on ``port`` of 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+#: Below the cluster nodes' ports (tests/cluster.py) and the kernel's ephemeral
+#: range (32768 and up), where the OS picks client ports.
+_FREE_PORTS = range(2000, 12000)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, from this
+    worker's share."""
+    share = worker_share(_FREE_PORTS)
+    for _ in range(1000):
+        port = random.choice(share)
+        if bindable(port):
+            return port
+    raise AssertionError("no free port")
 
 
 def wait(predicate: Callable[[], T | None], timeout: float, what: str,

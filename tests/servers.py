@@ -213,7 +213,13 @@ class SentinelGroup:
                         if c.info("replication").get("role") == "master":
                             return port
             return None
-        port: int = wait(promoted, timeout, "the Sentinel to promote the replica")
+        try:
+            port: int = wait(promoted, timeout, "the Sentinel to promote the replica")
+        except AssertionError as exc:
+            # The Sentinel's log says why (no good replica, an aborted election...).
+            log = self.sentinel.log
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            raise AssertionError(f"{exc}\nSentinel log:\n{tail}") from None
         return port
 
 

@@ -66,11 +66,15 @@ def test_json_marks_dst_shifted_and_repeated_fires(run: Run, zstore: Store) -> N
     gap = json.loads(run("next", "gap", "-n", "2", "--json").output)["fires"]
     assert gap[0]["utc"] == f"{spring}T01:30:00Z" and gap[0]["shifted"]
     assert gap[0]["local"] == f"{spring}T03:30:00+02:00" and not gap[1]["shifted"]
-    assert "shifted (DST gap" in run("next", "gap", "-n", "1").output
+    assert "shifted: a DST gap" in run("next", "gap", "-n", "1").output
     fold = json.loads(run("next", "fold", "-n", "3", "--json").output)["fires"]
     assert [f["utc"] for f in fold] == [f"{autumn}T00:00:00Z", f"{autumn}T01:00:00Z",
                                         f"{autumn}T02:00:00Z"]
     assert [f["repeated"] for f in fold] == [True, True, False]
+    # The words the admin's live preview shows come with the JSON, from one place.
+    assert [f["dst_note"] for f in fold] == ["repeated: DST fold, pass 1 of 2",
+                                             "repeated: DST fold, pass 2 of 2", ""]
+    assert gap[0]["dst_note"] == "shifted: a DST gap skipped its wall time"
     text = run("next", "fold", "-n", "3").output
     assert "pass 1 of 2" in text and "pass 2 of 2" in text
 

@@ -25,7 +25,7 @@ from django.utils.safestring import SafeString
 
 from celery_zsched.errors import ValidationError
 from celery_zsched.job import Job
-from celery_zsched.preview import Fire, Preview, preview
+from celery_zsched.preview import Preview, preview
 
 from .conf import get_defaults, get_settings
 from .models import model_field_for
@@ -89,21 +89,12 @@ def preview_json(request: HttpRequest) -> JsonResponse:
                          **result.to_dict()})
 
 
-def _note(fire: Fire) -> str:
-    marks = []
-    if fire.shifted:
-        marks.append("shifted: a DST gap skipped its wall time")
-    if fire.repeated:
-        marks.append(f"repeated: DST fold, pass {fire.local.fold + 1} of 2")
-    return "; ".join(marks)
-
-
 def fires_html(result: Preview, url: str) -> SafeString:
     """The table the change page shows; the live preview (JavaScript) replaces it."""
     rows = format_html_join(
         "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         ((f.local.strftime("%Y-%m-%d %H:%M:%S %Z"), f.utc.strftime("%Y-%m-%d %H:%M:%SZ"),
-          f"+0..{f.jitter_ms / 1000:g} s" if f.jitter_ms else "-", _note(f))
+          f"+0..{f.jitter_ms / 1000:g} s" if f.jitter_ms else "-", f.dst_note)
          for f in result.fires))
     table = (format_html('<table><thead><tr><th>Local</th><th>UTC</th><th>Jitter</th>'
                          '<th></th></tr></thead><tbody>{}</tbody></table>', rows)

@@ -30,13 +30,6 @@
     row.appendChild(td);
   }
 
-  function note(fire) {
-    var marks = [];
-    if (fire.shifted) { marks.push("shifted: a DST gap skipped its wall time"); }
-    if (fire.repeated) { marks.push("repeated: DST fold"); }
-    return marks.join("; ");
-  }
-
   function say(data) {
     if (!words) { return; }
     if (data.errors) {
@@ -74,7 +67,7 @@
         cell(row, f.local.replace("T", " "));
         cell(row, f.utc.replace("T", " "));
         cell(row, f.jitter_s ? "+0.." + f.jitter_s + " s" : "-");
-        cell(row, note(f));
+        cell(row, f.dst_note);
       });
       box.appendChild(table);
     }
