@@ -248,7 +248,12 @@ _ADD_OPTIONS = [
     _option("--misfire-grace", type=float, group="Timing",
             help="Skip a fire that is later than this many seconds."),
     _option("--paused", is_flag=True, group="Timing", help="Store the job paused."),
-    _option("--queue", group="Routing", help="Celery queue."),
+    _option("--queue", group="Routing",
+            help="Celery queue (for --transport http: what GET /jobs/next?queue= selects)."),
+    _option("--transport", type=click.Choice(["celery", "http"], case_sensitive=False),
+            group="Routing",
+            help="Who runs it: celery (beat publishes it, the default) or http (workers in "
+                 "any language take it from the job gateway, zsched serve)."),
     _option("--routing-key", group="Routing", help="Routing key."),
     _option("--priority", type=int, group="Routing", help="Message priority (0-255)."),
     _option("--expires", type=float, group="Routing",
@@ -286,6 +291,7 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
         "queue": opts["queue"], "routing_key": opts["routing_key"],
         "priority": opts["priority"], "expires_s": opts["expires"], "domain": opts["domain"],
         "retry_max": opts["retry_max"], "retry_base_s": opts["retry_base"],
+        "transport": opts["transport"],
         "meta": _pairs("--meta", opts["meta"], as_json=False),
         "kwargs": _pairs("--kwarg", opts["kwarg"], as_json=True),
         "args": [_maybe_json(value, "args") for value in opts["arg"]],
@@ -677,3 +683,8 @@ zsched.add_command(next_command)
 from .cli_history import COMMAND as history_command  # noqa: E402  (imports this module's helpers)
 
 zsched.add_command(history_command)
+
+# -------------------------------------------------------------------- serve
+from .cli_serve import serve  # noqa: E402  (imports this module's helpers too)
+
+zsched.add_command(serve)

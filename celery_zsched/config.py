@@ -124,6 +124,15 @@ class Settings:
     #: Address beat's metrics server binds. Loopback by default: metrics say how
     #: big the fleet is and how it fares, so exposing them is a deliberate choice.
     metrics_addr: str = "127.0.0.1"
+    #: Bearer tokens of the HTTP server (``zsched serve``): comma-separated
+    #: ``token:scope`` pairs, scope ``read``, ``write`` or ``worker`` (the job
+    #: gateway). Empty: no token, so every request is refused.
+    api_tokens: str = ""
+    #: Longest a ``GET /jobs/next`` long-poll waits for a due job before ``204``.
+    gateway_timeout_s: float = 30.0
+    #: Execution lease of a job the gateway hands out: unreported (no complete,
+    #: error or heartbeat) for this long, it comes back, as from a dead worker.
+    gateway_lease_s: float = 300.0
     #: Signals the built-in notifiers report (comma-separated names; see the
     #: README's "Operating it: notifications").
     notify_events: str = ("job_retries_exhausted,job_dead_lettered,job_failing_streak,"
@@ -273,7 +282,7 @@ class Settings:
         """Raise :class:`ConfigurationError` naming the first bad value."""
         positive = ("batch_size", "lease_s", "delivery_timeout_s", "default_interval_s",
                     "retry_base_s", "retry_cap_s", "max_deliveries", "events_maxlen",
-                    "import_chunk", "partitions")
+                    "import_chunk", "partitions", "gateway_timeout_s", "gateway_lease_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(
@@ -293,6 +302,7 @@ class Settings:
                 f"got {self.metrics_port!r}")
         self._validate_pacing()
         self._validate_notify()
+        api_token_scopes(self.api_tokens)
         from .connection import check_settings  # connection imports this module
 
         check_settings(self)
@@ -314,7 +324,6 @@ class Settings:
             raise ConfigurationError(
                 f"{SETTING_PREFIX}pacing needs {SETTING_PREFIX}partitions = 1, "
                 f"got {self.partitions}")
-
 
     @property
     def notify_event_names(self) -> tuple[str, ...]:
@@ -356,6 +365,34 @@ class Settings:
             raise ConfigurationError(
                 f"{SETTING_PREFIX}notify_webhook_secret is set but "
                 f"{SETTING_PREFIX}notify_webhook_url is empty")
+
+
+#: What a bearer token may do: ``read`` and ``write`` the management API, or
+#: take and report jobs through the gateway (``worker``).
+SCOPES = ("read", "write", "worker")
+#: Shortest token accepted: a short one is guessable whatever the comparison.
+MIN_TOKEN_CHARS = 16
+
+
+def api_token_scopes(raw: str) -> dict[str, str]:
+    """``zsched_api_tokens`` as token -> scope; :class:`ConfigurationError` names a bad entry."""
+    out: dict[str, str] = {}
+    for n, entry in enumerate(raw.split(","), 1):
+        entry = entry.strip()
+        if not entry:
+            continue
+        token, sep, scope = entry.rpartition(":")
+        token, scope = token.strip(), scope.strip().lower()
+        if not sep or scope not in SCOPES:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}api_tokens entry {n} must be token:scope with scope one of "
+                f"{', '.join(SCOPES)}")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}api_tokens entry {n}: a token must be at least "
+                f"{MIN_TOKEN_CHARS} characters")
+        out[token] = scope
+    return out
 
 
 #: ``broker_use_ssl`` keys (kombu's Redis transport) that fill our TLS settings.

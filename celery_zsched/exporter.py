@@ -130,13 +130,17 @@ class StoreCollector(Collector):
             now = store.now_ms()
             replies = store._pipeline_each(lambda pipe, keys: self._queue(pipe, keys, now))
         names = ("defs", *STATES, "due")
-        totals = dict.fromkeys((*names, "expired"), 0)
+        totals = dict.fromkeys((*names, "expired", "http_due"), 0)
         oldest: int | None = None
         counters: dict[str, int] = {}
         for part, reply in enumerate(replies):
-            *counts, first, expired, hash_, events = reply
+            *counts, first, expired, hash_, events, http_waiting, http_due = reply
             for name, value in zip(names, counts, strict=True):
                 totals[name] += int(value)
+            # HTTP jobs are jobs like any: scheduled counts them; their own
+            # backlog says whether the HTTP workers keep up.
+            totals["scheduled"] += int(http_waiting)
+            totals["http_due"] += int(http_due)
             totals["expired"] += int(expired)
             if first and int(first[0][1]) <= now:
                 oldest = min(oldest if oldest is not None else now, int(first[0][1]))
@@ -172,6 +176,8 @@ class StoreCollector(Collector):
             pipe.xrevrange(keys.events, count=1)
         else:
             pipe.xrange(keys.events, min=f"({cursor}", count=EVENTS_PER_SCRAPE)
+        pipe.zcard(keys.http_schedule)
+        pipe.zcount(keys.http_schedule, "-inf", now)
 
     def _advance(self, part: int, events: Sequence[tuple[str, dict[str, str]]]) -> None:
         """Move partition ``part``'s cursor past ``events``, observing their start lag."""
@@ -195,6 +201,9 @@ class StoreCollector(Collector):
                                 value=totals["defs"])
         yield GaugeMetricFamily("zsched_due_backlog", "Jobs due now and not yet claimed.",
                                 value=totals["due"])
+        yield GaugeMetricFamily("zsched_http_due_backlog",
+                                "HTTP jobs (transport http) due now and not yet taken by a "
+                                "worker of the job gateway.", value=totals["http_due"])
         yield GaugeMetricFamily("zsched_due_oldest_age_seconds",
                                 "How long the oldest due, unclaimed job has been due (0: none).",
                                 value=oldest_age_ms / 1000.0)

@@ -36,6 +36,8 @@ from .timing import (
 # \Z, not $: "$" also matches before a final newline, which let "job\n" pass.
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:@/\-]{1,200}\Z")
 _TIME_FIELDS = ("run_at", "start_at", "end_at")
+#: Who may run a job: Celery workers (through beat) or HTTP workers (the gateway).
+TRANSPORTS = ("celery", "http")
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
@@ -91,6 +93,9 @@ class Job:
     retry_base_s: float | None = None
     #: Explicit pacing key (normalised host name); else the URL's host is used.
     domain: str | None = None
+    #: Who runs it: ``celery`` (beat publishes it) or ``http`` (the job gateway
+    #: hands it to a worker that long-polls ``GET /jobs/next``; beat never sees it).
+    transport: str = "celery"
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -266,9 +271,19 @@ def _parse(data: Mapping[str, Any], defaults: Defaults) -> Job:
         retry_max=_integer(values, "retry_max", 0, 1000),
         retry_base_s=_number(values, "retry_base_s", minimum=0.001),
         domain=_domain(values),
+        transport=_transport(values),
     )
     _check_serialisable(job)
     return job
+
+
+def _transport(values: Mapping[str, Any]) -> str:
+    raw = values.get("transport", "celery")
+    value = raw.strip().lower() if isinstance(raw, str) else raw
+    if value not in TRANSPORTS:
+        raise ValidationError("transport", raw,
+                              'must be "celery" (beat publishes it) or "http" (the job gateway)')
+    return str(value)
 
 
 def _domain(values: Mapping[str, Any]) -> str | None:

@@ -79,6 +79,24 @@ class Keys:
         return self._k("schedule")
 
     @property
+    def http_schedule(self) -> str:
+        """Sorted set: id -> due time (ms) of ``transport: http`` jobs.
+
+        Beat's claim never reads it: only the job gateway claims from it, so
+        HTTP jobs cost beat nothing however many there are.
+        """
+        return self._k("http_schedule")
+
+    @property
+    def http_wake(self) -> str:
+        """Pub/sub channel: an HTTP job became due sooner (payload: its due ms).
+
+        Not a key (nothing is stored under it); it shares the prefix so that
+        every store has its own channel.
+        """
+        return self._k("http_wake")
+
+    @property
     def queued(self) -> str:
         """Sorted set: job id -> delivery deadline (ms) while published and not started."""
         return self._k("queued")
@@ -168,8 +186,8 @@ class Keys:
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
-            self.defs, self.schedule, self.queued, self.leases, self.state, self.paused,
-            self.dead, self.static, self.events, self.counters, self.drain_cursor,
+            self.defs, self.schedule, self.http_schedule, self.queued, self.leases, self.state,
+            self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
             self.workers, self.domains, self.domain_conf, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
         ]

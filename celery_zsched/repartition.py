@@ -25,7 +25,7 @@ from .errors import ZSchedError
 from .keys import Keys, partition_of
 
 #: Zsets and sets that may hold a job id, besides the two hashes.
-_SCORED = ("schedule", "queued", "leases", "dead")
+_SCORED = ("schedule", "http_schedule", "queued", "leases", "dead")
 _MEMBERS = ("paused", "static")
 
 

@@ -145,16 +145,25 @@ def _notice_reply(res: Sequence[Any]) -> NoticeGate:
 #: What a mutating script needs to record a change (see :func:`.audit.audit_args`).
 AUDIT_ARGS = ("audit_maxlen", "actor_kind", "actor_name", "note")
 UPSERT = ScriptSpec(
-    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued", "audit"),
+    "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued", "audit",
+               "http_schedule", "http_wake"),
     args=("static", *AUDIT_ARGS),
-    group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain"),
+    group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain",
+           "transport"),
     reply=_counts)
 CLAIM = ScriptSpec(
     "claim", ("schedule", "queued", "leases", "state", "defs", "counters", "domains",
               "domain_conf"),
-    args=("limit", "delivery_ms", "bound", "pacing"), reply=_claim_reply)
+    args=("limit", "delivery_ms", "bound", "pacing", "status", "queue"), reply=_claim_reply)
+#: The job gateway's claim: the same script, from the HTTP schedule straight
+#: into running under an execution lease (``delivery_ms`` is the lease).
+CLAIM_HTTP = ScriptSpec(
+    "claim", ("http_schedule", "leases", "leases", "state", "defs", "counters", "domains",
+              "domain_conf"),
+    args=CLAIM.args, reply=_claim_reply)
 START = ScriptSpec(
-    "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf"),
+    "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf",
+              "http_schedule", "http_wake"),
     args=("id", "occurrence", "attempt", "lease_ms", "expires_ms", "pacing", "wait_max_ms"),
     reply=_start_reply)
 HEARTBEAT = ScriptSpec(
@@ -167,21 +176,25 @@ RETRYING = ScriptSpec(
     args=("id", "occurrence", "attempt", "deadline_ms"), reply=bool)
 SETTLE = ScriptSpec(
     "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued",
-               "domains", "domain_conf"),
+               "domains", "domain_conf", "http_schedule", "http_wake"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
           "http_status", "retry_after_ms", "pacing"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",
-             "domains"),
+             "domains", "http_schedule", "http_wake"),
     args=("limit", "max_deliveries", "delivery_ms", "alive_ms"), reply=_reap_reply)
 RELEASE = ScriptSpec(
-    "release", ("queued", "schedule", "state", "domains"),
-    group=("id", "occurrence", "attempt"), reply=int)
+    "release", ("queued", "schedule", "state", "domains", "http_schedule", "http_wake"),
+    args=("status",), group=("id", "occurrence", "attempt"), reply=int)
+#: The job gateway's release: jobs it claimed (running) for pollers that went away.
+RELEASE_HTTP = ScriptSpec(
+    "release", ("leases", "schedule", "state", "domains", "http_schedule", "http_wake"),
+    args=("status",), group=("id", "occurrence", "attempt"), reply=int)
 CONTROL = ScriptSpec(
     "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued",
-                "audit"),
+                "audit", "http_schedule", "http_wake"),
     args=("operation", *AUDIT_ARGS), group=("id", "due_ms"), reply=_control_reply)
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)

@@ -12,7 +12,8 @@ app as sender and a frozen :class:`JobEvent` or :class:`BreakerEvent` as
         ...
 
 Receivers run synchronously in the process that raised the signal (a worker
-right after its settle, beat right after its reap), so keep them quick: a
+right after its settle, beat right after its reap, ``zsched serve`` after an
+HTTP worker's report or its own reap), so keep them quick: a
 receiver that raises is logged and never breaks the task or beat, but a slow
 one delays them. The built-in notifiers only enqueue.
 """

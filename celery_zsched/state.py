@@ -65,6 +65,8 @@ class RuntimeState:
         "fd", "the domain whose in-flight count this occurrence holds, until it lands"))
     reserved_ms: int | None = field(default=None, metadata=_wire(
         "rv", "the domain slot pacing held the job back to (its due time while it waits)"))
+    transport: str | None = field(default=None, metadata=_wire(
+        "t", '"h": a transport http job, waiting in the HTTP schedule (absent: celery)'))
 
     @classmethod
     def from_wire(cls, raw: str | bytes | Mapping[str, Any] | None) -> RuntimeState:

@@ -186,6 +186,8 @@ class Store:
         self.defaults = Defaults.from_settings(self.settings, timezone)
         self.rng = random.Random()
         self.layout_checked = False
+        #: The partition the gateway's next claim starts at (see :meth:`claim_http`).
+        self._http_cursor = 0
         #: What the pacing-aware scripts read: the settings as JSON, or "" (off).
         self.pacing = (self.settings.pacing_defaults.to_json()
                        if self.settings.pacing else "")
@@ -369,7 +371,8 @@ class Store:
                 chunk = chunks[part]
                 chunk.append((job.id, job.to_json(), "" if due is None else str(due),
                               "1" if job.enabled else "0", job.timing_signature, gap,
-                              job.pacing_domain(self.settings) or ""))
+                              job.pacing_domain(self.settings) or "",
+                              "h" if job.transport == "http" else ""))
                 if len(chunk) >= self.settings.import_chunk:
                     # Redis runs this chunk while the loop builds the next one.
                     for rows, result in send(part, chunk):
@@ -500,10 +503,10 @@ class Store:
 
     @_unavailable
     def get_many(self, ids: Sequence[str]) -> list[JobInfo | None]:
-        """Many jobs in one round trip of six commands, ``None`` for ids that do not exist."""
+        """Many jobs in one round trip of seven commands, ``None`` for ids that do not exist."""
         if not ids:
             return []
-        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at six commands per
+        # ZMSCORE/SMISMEMBER (Redis >= 6.2) keep this at seven commands per
         # partition however many ids a page or a bulk action asks for, all in
         # one pipeline (on a Cluster, one round trip per node, in parallel).
         groups = self.group(ids)
@@ -513,13 +516,15 @@ class Store:
             pipe.hmget(keys.defs, members)
             pipe.hmget(keys.state, members)
             pipe.zmscore(keys.schedule, members)
+            pipe.zmscore(keys.http_schedule, members)
             pipe.zmscore(keys.leases, members)
             pipe.zmscore(keys.queued, members)
             pipe.smismember(keys.paused, members)
         replies = pipe.execute()
         found: dict[str, JobInfo] = {}
         for n, members in enumerate(groups.values()):
-            defs, states, dues, leases, queued, paused = replies[6 * n:6 * n + 6]
+            defs, states, beat_dues, http_dues, leases, queued, paused = replies[7 * n:7 * n + 7]
+            dues = [b if b is not None else h for b, h in zip(beat_dues, http_dues, strict=True)]
             for i, raw in enumerate(defs):
                 if raw is None:
                     continue
@@ -540,9 +545,14 @@ class Store:
         page costs that many entries per partition.
         """
         end = offset + limit - 1
-        replies = self._pipeline_each(
-            lambda pipe, keys: pipe.zrange(keys.schedule, 0, end, withscores=True))
-        merged = heapq.merge(*(rows for (rows,) in replies), key=lambda row: (row[1], row[0]))
+
+        def commands(pipe: Any, keys: Keys) -> None:
+            pipe.zrange(keys.schedule, 0, end, withscores=True)
+            pipe.zrange(keys.http_schedule, 0, end, withscores=True)
+
+        replies = self._pipeline_each(commands)
+        merged = heapq.merge(*(rows for part in replies for rows in part),
+                             key=lambda row: (row[1], row[0]))
         ids = [str(job_id) for job_id, _ in list(merged)[offset:offset + limit]]
         return [info for info in self.get_many(ids) if info is not None]
 
@@ -577,30 +587,38 @@ class Store:
 
     @_unavailable
     def peek_next_due(self) -> int | None:
-        """Due time of the earliest scheduled job (of any partition)."""
-        replies = self._pipeline_each(
-            lambda pipe, keys: pipe.zrange(keys.schedule, 0, 0, withscores=True))
-        return min((int(first[0][1]) for (first,) in replies if first), default=None)
+        """Due time of the earliest scheduled job (of any partition, either transport)."""
+        def commands(pipe: Any, keys: Keys) -> None:
+            pipe.zrange(keys.schedule, 0, 0, withscores=True)
+            pipe.zrange(keys.http_schedule, 0, 0, withscores=True)
+
+        replies = self._pipeline_each(commands)
+        return min((int(first[0][1]) for part in replies for first in part if first),
+                   default=None)
 
     @_unavailable
-    def due_counts(self, edges: Sequence[int]) -> list[int]:
+    def due_counts(self, edges: Sequence[int], *, http: bool = False) -> list[int]:
         """Scheduled jobs due before ``edges[0]``, then in each ``[edges[i], edges[i+1])``.
 
         ``len(edges)`` ZCOUNTs per partition, all in one pipeline: the cost
         depends on the number of edges (and ``log N``), never on a scan.
+        ``http``: count the HTTP schedules' jobs too (twice the ZCOUNTs).
         """
         if not edges:
             return []
+        zsets = ("schedule", "http_schedule") if http else ("schedule",)
 
         def commands(pipe: Any, keys: Keys) -> None:
-            pipe.zcount(keys.schedule, "-inf", f"({edges[0]}")
-            for low, high in itertools.pairwise(edges):
-                pipe.zcount(keys.schedule, low, f"({high}")
+            for name in zsets:
+                zset = getattr(keys, name)
+                pipe.zcount(zset, "-inf", f"({edges[0]}")
+                for low, high in itertools.pairwise(edges):
+                    pipe.zcount(zset, low, f"({high}")
 
         totals = [0] * len(edges)
         for reply in self._pipeline_each(commands):
             for index, value in enumerate(reply):
-                totals[index] += int(value)
+                totals[index % len(edges)] += int(value)
         return totals
 
     @_unavailable
@@ -615,18 +633,23 @@ class Store:
             pipe.zcard(keys.leases)
             pipe.scard(keys.paused)
             pipe.zcard(keys.dead)
-            pipe.zcount(keys.schedule, "-inf", now)
-            pipe.zcount(keys.schedule, "-inf", now + 60_000)
-            pipe.zcount(keys.schedule, "-inf", now + 3_600_000)
+            # HTTP jobs count like any job; http_scheduled says how many of them wait.
+            for zset in (keys.schedule, keys.http_schedule):
+                pipe.zcount(zset, "-inf", now)
+                pipe.zcount(zset, "-inf", now + 60_000)
+                pipe.zcount(zset, "-inf", now + 3_600_000)
+            pipe.zcard(keys.http_schedule)
             pipe.hgetall(keys.counters)
 
         names = ("jobs", "scheduled", "queued", "running", "paused", "dead", "due_now",
-                 "due_next_minute", "due_next_hour")
+                 "due_next_minute", "due_next_hour", "due_now", "due_next_minute",
+                 "due_next_hour", "http_scheduled")
         counts = dict.fromkeys(names, 0)
         totals: dict[str, int] = defaultdict(int)
         for reply in self._pipeline_each(commands):
             for name, value in zip(names, reply[:-1], strict=True):
-                counts[name] += int(value)
+                counts[name] = counts.get(name, 0) + int(value)
+            counts["scheduled"] += int(reply[-2])
             for k, v in reply[-1].items():
                 totals[f"total_{k}"] += int(v)
         out = {"jobs": counts["jobs"], "scheduled": counts["scheduled"],
@@ -733,11 +756,55 @@ class Store:
         is claimed once however many beats claim at the same time.
         """
         args = {"delivery_ms": int(self.settings.delivery_timeout_s * 1000),
-                "bound": self.partition_bound, "pacing": self.pacing}
+                "bound": self.partition_bound, "pacing": self.pacing, "status": "queued",
+                "queue": ""}
         calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
                              for i, n in plan.items()]
         return {i: scripts.CLAIM.reply(reply)
                 for i, reply in zip(plan, self._run(calls), strict=True)}
+
+    @_unavailable
+    def claim_http(self, limit: int, queue: str = "") -> ClaimBatch:
+        """The job gateway's claim: up to ``limit`` due HTTP jobs, straight to running.
+
+        The same atomic claim as beat's, on the HTTP schedule: each occurrence
+        goes to one caller, under an execution lease of ``gateway_lease_s``
+        (no broker wait, so no delivery deadline). ``queue`` takes only jobs
+        whose ``queue`` field is that. The batch's ``next_due_ms`` is the first
+        HTTP job due in the future (the time to wake up for) of the partitions
+        it looked at: all of them unless ``limit`` jobs were found first.
+        """
+        args: dict[str, Any] = {
+            "delivery_ms": int(self.settings.gateway_lease_s * 1000),
+            # The running set also holds Celery executions: no bound here.
+            "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue}
+        # Partitions one after the other from a rotating start, until ``limit``
+        # are found: a share of ``limit`` per partition would leave a single
+        # poller waiting while its job sits in another partition.
+        start = self._http_cursor
+        self._http_cursor = (start + 1) % len(self.parts)
+        batches, need = [], limit
+        for k in range(len(self.parts)):
+            part = self.parts[(start + k) % len(self.parts)]
+            batch = self._call(scripts.CLAIM_HTTP, part, **args, limit=need)
+            batches.append(batch)
+            need -= len(batch.jobs)
+            if need <= 0:
+                break
+        return merge_batches(batches)
+
+    @_unavailable
+    def release_http(self, claimed: Sequence[Claimed]) -> int:
+        """Give back jobs the gateway claimed for a poller that went away.
+
+        Each returns to the HTTP schedule at its due time, counting no delivery
+        and no crash; an occurrence already settled or reaped is left alone.
+        """
+        if not claimed:
+            return 0
+        return sum(self._by_job(scripts.RELEASE_HTTP,
+                                [(c.job.id, c.occurrence, c.attempt) for c in claimed],
+                                status="running"))
 
     def _by_job(self, spec: ScriptSpec[Any], rows: Sequence[Sequence[Any]],
                 **args: Any) -> list[Any]:
@@ -752,7 +819,8 @@ class Store:
         if not claimed:
             return 0
         return sum(self._by_job(scripts.RELEASE,
-                                [(c.job.id, c.occurrence, c.attempt) for c in claimed]))
+                                [(c.job.id, c.occurrence, c.attempt) for c in claimed],
+                                status="queued"))
 
     @_unavailable
     def start(self, job_id: str, occurrence: int, attempt: int,
@@ -770,18 +838,19 @@ class Store:
 
     @_unavailable
     def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "",
-                  queues: Sequence[str] = ()) -> list[str]:
+                  queues: Sequence[str] = (), lease_s: float | None = None) -> list[str]:
         """Extend the execution leases of ``running`` (id, occurrence, attempt) triples.
 
         ``worker`` and the ``queues`` it consumes, when given, are recorded as
         alive. Returns the ids that are no longer running (settled, reaped or
-        superseded): stop beating for them.
+        superseded): stop beating for them. ``lease_s`` (default ``lease_s``):
+        the new lease, from now.
         """
         # Every partition hears the worker: each one's reaper asks its own
         # ``workers`` set whether a queue is consumed.
         by_part = self.group(running, _first)
-        args = {"lease_ms": int(self.settings.lease_s * 1000), "worker": worker,
-                "queues": " ".join(queues)}
+        lease = self.settings.lease_s if lease_s is None else lease_s
+        args = {"lease_ms": int(lease * 1000), "worker": worker, "queues": " ".join(queues)}
         parts = range(len(self.parts)) if worker else list(by_part)
         calls: list[Call] = [(scripts.HEARTBEAT, self.parts[i], by_part.get(i, []), args)
                              for i in parts]

@@ -98,8 +98,9 @@ def test_a_script_call_with_a_missing_unknown_or_misshapen_argument_is_refused()
     with pytest.raises(TypeError, match="unknown"):
         scripts.CLAIM.argv({"limit": 1, "delivery_ms": 1, "bound": 1, "lease_ms": 5})
     with pytest.raises(TypeError, match="row"):
-        scripts.RELEASE.argv({}, [("j", 1)])
-    assert scripts.RELEASE.argv({}, [("j", 1, 2), ("k", 3, 4)]) == ["j", 1, 2, "k", 3, 4]
+        scripts.RELEASE.argv({"status": "queued"}, [("j", 1)])
+    assert scripts.RELEASE.argv({"status": "queued"}, [("j", 1, 2), ("k", 3, 4)]) == [
+        "queued", "j", 1, 2, "k", 3, 4]
 
 
 def test_every_script_loads_with_the_prelude_and_no_script_reads_time_itself() -> None:
@@ -176,7 +177,8 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     due = int(store.client.zscore(store.keys.schedule, job.id) or 0)
     k = store.keys
     res = store.client.eval(_lua("claim"), 8, k.schedule, k.queued, k.leases, k.state, k.defs,
-                            k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "")
+                            k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "",
+                            "queued", "")
     sec, usec = store.client.time()
     redis_now = sec * 1000 + usec // 1000
     now, next_due, next_lease, room = res[0], res[1], res[2], res[3]
@@ -191,7 +193,8 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     assert _state(store, job.id).status == "queued"
     # Nothing due: the lists are empty and next_due/next_deadline still reported.
     again = store.client.eval(_lua("claim"), 8, k.schedule, k.queued, k.leases, k.state, k.defs,
-                              k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "")
+                              k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "",
+                            "queued", "")
     assert again[1:] == [later_due, now + 20_000, 49, 0]
 
 
@@ -313,15 +316,17 @@ def test_settle_script_refuses_a_next_due_computed_from_an_old_definition(store:
     k = store.keys
     before = store_snapshot(store)
     res = store.client.eval(
-        _lua("settle"), 8, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
-        k.counters, k.queued, claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
+        _lua("settle"), 12, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
+        k.counters, k.queued, k.domains, k.domain_conf, k.http_schedule, k.http_wake,
+        claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
         "complete",
         claimed.occurrence + 1, claimed.occurrence + 1, 1, "", "not-the-signature", 0, 1000, "{}")
     assert res == ["changed"]
     assert store_snapshot(store) == before
     ok = store.client.eval(
-        _lua("settle"), 8, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
-        k.counters, k.queued, claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
+        _lua("settle"), 12, k.schedule, k.leases, k.state, k.defs, k.paused, k.events,
+        k.counters, k.queued, k.domains, k.domain_conf, k.http_schedule, k.http_wake,
+        claimed.job.id, claimed.occurrence, claimed.attempt, "complete",
         "complete",
         claimed.occurrence + 5, claimed.occurrence + 5, 1, "", claimed.job.timing_signature, 0,
         1000, "{}")
@@ -739,13 +744,13 @@ def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     before = store_snapshot(store)
     k = store.keys
     with pytest.raises(redis.ResponseError, match="unknown operation"):
-        store.client.eval(_lua("control"), 9, k.defs, k.schedule, k.leases, k.state, k.paused,
-                          k.dead, k.static, k.queued, k.audit, "explode", 0, "api", "", "",
-                          "c", 0)
+        store.client.eval(_lua("control"), 11, k.defs, k.schedule, k.leases, k.state, k.paused,
+                          k.dead, k.static, k.queued, k.audit, k.http_schedule, k.http_wake,
+                          "explode", 0, "api", "", "", "c", 0)
     assert store_snapshot(store) == before
-    res = store.client.eval(_lua("control"), 9, k.defs, k.schedule, k.leases, k.state, k.paused,
-                            k.dead, k.static, k.queued, k.audit, "pause", 0, "api", "", "",
-                            "c", 0, "missing", 0)
+    res = store.client.eval(_lua("control"), 11, k.defs, k.schedule, k.leases, k.state, k.paused,
+                            k.dead, k.static, k.queued, k.audit, k.http_schedule, k.http_wake,
+                            "pause", 0, "api", "", "", "c", 0, "missing", 0)
     assert res == [1, "missing"]
 
 

@@ -156,6 +156,39 @@ local function domain_land(get, st, id)
   return e, probe
 end
 
+-- HTTP jobs (transport "http": state ``t = "h"``) wait in a schedule of their
+-- own, which beat's claim never reads; only the job gateway claims from it.
+-- Every script that puts a job back in a schedule goes through schedule_add,
+-- so reap, settle, release and the controls treat both kinds alike.
+local function schedule_of(st, beat, http)
+  if st.t == "h" then return http end
+  return beat
+end
+
+-- Put job ``id`` (state ``st``) in its schedule at ``due``. An HTTP job that
+-- falls due before every job the gateways sleep towards (the first one in the
+-- future) wakes them on ``wake``: they sleep until that time, not in a loop.
+local function schedule_add(st, id, due, beat, http, wake)
+  due = tonumber(due)
+  if st.t ~= "h" then
+    redis.call("ZADD", beat, due, id)
+    return
+  end
+  local first = redis.call("ZRANGEBYSCORE", http, "(" .. now_ms(), "+inf", "WITHSCORES", "LIMIT", 0, 1)
+  redis.call("ZADD", http, due, id)
+  if not first[2] or due <= tonumber(first[2]) then redis.call("PUBLISH", wake, due) end
+end
+
+-- Take job ``id`` out of whichever schedule holds it; 1 if one did.
+local function schedule_rem(id, beat, http)
+  return redis.call("ZREM", beat, id) + redis.call("ZREM", http, id)
+end
+
+-- The due time of job ``id`` in either schedule, or nil.
+local function schedule_score(id, beat, http)
+  return redis.call("ZSCORE", beat, id) or redis.call("ZSCORE", http, id)
+end
+
 -- ------------------------------------------------------------ audit trail
 -- One entry of a partition's capped audit stream (fields: see
 -- celery_zsched/audit.py). ``A`` holds the stream key, its cap (0: record

@@ -1,17 +1,20 @@
--- claim.lua: atomically take a batch of due jobs and mark them queued.
+-- claim.lua: atomically take a batch of due jobs and mark them queued (beat)
+-- or running (the job gateway).
 --
 -- One script call claims each due occurrence for exactly one caller, however
--- many beat processes run it at once: there is no leader lock. A claimed
--- occurrence waits in the broker under a long *delivery* deadline; only a
--- worker's start (start.lua) turns it into a running execution with a short
--- lease. Backpressure: at most ARGV[3] occurrences may be queued and not yet
--- started; past that, due jobs stay in the schedule instead of the broker.
+-- many beat processes (or gateways) run it at once: there is no leader lock.
+-- Beat: a claimed occurrence waits in the broker under a long *delivery*
+-- deadline; only a worker's start (start.lua) turns it into a running
+-- execution with a short lease. The gateway claims from the HTTP schedule
+-- straight into running under its execution lease (ARGV[5] = "running", KEYS[2]
+-- = leases): there is no broker to wait in. Backpressure: at most ARGV[3]
+-- occurrences may sit in KEYS[2]; past that, due jobs stay in the schedule.
 -- Pacing (ARGV[4]): a due job whose domain's gate is closed, whose domain is at
 -- its cap, or whose breaker is open is not claimed; it moves to the next free
 -- slot of its domain (the same occurrence, a later due time) and counts as held.
 --
--- KEYS[1] schedule  zset  id -> due ms
--- KEYS[2] queued    zset  id -> delivery deadline ms (published, not started)
+-- KEYS[1] schedule  zset  id -> due ms (the gateway: the HTTP schedule)
+-- KEYS[2] queued    zset  id -> delivery deadline ms (the gateway: leases)
 -- KEYS[3] leases    zset  id -> execution lease deadline ms (running)
 -- KEYS[4] state     hash  id -> runtime state (cjson)
 -- KEYS[5] defs      hash  id -> definition JSON
@@ -19,11 +22,15 @@
 -- KEYS[7] domains      hash  domain -> learned pacing state (cjson)
 -- KEYS[8] domain_conf  hash  domain -> operator overrides (cjson)
 -- ARGV[1] most jobs to claim
--- ARGV[2] delivery deadline, ms from now
--- ARGV[3] most occurrences queued and not started (backpressure bound)
+-- ARGV[2] delivery deadline (the gateway: execution lease), ms from now
+-- ARGV[3] most occurrences in KEYS[2] (backpressure bound)
 -- ARGV[4] pacing settings JSON ("" = pacing off)
--- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, queued slots left, held,
+-- ARGV[5] status of a claimed occurrence: queued (beat) | running (the gateway)
+-- ARGV[6] only jobs whose queue field is this ("" = any queue)
+-- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, slots left, held,
 --          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms}
+-- next_due_ms is the schedule's first score; for the gateway, its first score
+-- in the future (jobs already due that a queue filter skipped do not count).
 local schedule, queued, leases, state, defs, counters =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now = now_ms()
@@ -31,6 +38,10 @@ local deliver_by = now + tonumber(ARGV[2])
 local room = tonumber(ARGV[3]) - redis.call("ZCARD", queued)
 local limit = math.min(tonumber(ARGV[1]), room)
 local P = pacing_config(ARGV[4])
+local status, only_queue = ARGV[5], ARGV[6]
+-- Most due entries one filtered claim looks at: a filter skips other queues'
+-- jobs, and this bounds what a claim costs when many of them are due.
+local SCAN_MAX = 10 * CHUNK
 local domain, flush_domains, preload_domains = domain_cache(KEYS[7], KEYS[8])
 
 -- nil when job ``id`` (due at ``score``) may go now, and its grant is recorded;
@@ -70,19 +81,46 @@ local function pace(e, st, id, score)
 end
 
 local out = {now, -1, -1, 0, 0}
+local scan_full = false
 local claimed, held = 0, 0
 if limit > 0 then
-  local due = redis.call("ZRANGEBYSCORE", schedule, "-inf", now, "WITHSCORES", "LIMIT", 0, limit)
-  -- One HMGET each for the batch's definitions, states and domains, rather
-  -- than a read per job.
-  local ids = {}
-  for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
-  local found_defs, found_states = hmget_all(defs, ids), hmget_all(state, ids)
+  local ids, scores, found_defs = {}, {}, nil
+  if only_queue == "" then
+    local due = redis.call("ZRANGEBYSCORE", schedule, "-inf", now, "WITHSCORES", "LIMIT", 0, limit)
+    for i = 1, #due, 2 do
+      ids[#ids + 1] = due[i]
+      scores[#scores + 1] = tonumber(due[i + 1])
+    end
+    -- One HMGET each for the batch's definitions, states and domains, rather
+    -- than a read per job.
+    found_defs = hmget_all(defs, ids)
+  else
+    found_defs = {}
+    local offset = 0
+    while #ids < limit and offset < SCAN_MAX do
+      local due = redis.call("ZRANGEBYSCORE", schedule, "-inf", now, "WITHSCORES", "LIMIT", offset, CHUNK)
+      if #due == 0 then break end
+      local page = {}
+      for i = 1, #due, 2 do page[#page + 1] = due[i] end
+      local page_defs = hmget_all(defs, page)
+      for k, id in ipairs(page) do
+        local def = page_defs[k]
+        if #ids < limit and (not def or decode_json(def).queue == only_queue) then
+          local n = #ids + 1
+          ids[n], scores[n], found_defs[n] = id, tonumber(due[2 * k]), def
+        end
+      end
+      offset = offset + #page
+      if #page < CHUNK then break end
+    end
+    if offset >= SCAN_MAX then scan_full = true end
+  end
+  local found_states = hmget_all(state, ids)
   local states, names, seen = {}, {}, {}
   for k, id in ipairs(ids) do
     if found_defs[k] then
       local raw = found_states[k]
-      local st = raw and decode_state(raw) or new_state(tonumber(due[2 * k]))
+      local st = raw and decode_state(raw) or new_state(scores[k])
       states[k] = st
       if P and st.dm and not seen[st.dm] then
         seen[st.dm] = true
@@ -95,7 +133,7 @@ if limit > 0 then
     redis.call("ZREM", schedule, unpack(ids, first, math.min(#ids, first + CHUNK - 1)))
   end
   for k, id in ipairs(ids) do
-    local score = tonumber(due[2 * k])
+    local score = scores[k]
     local def, st = found_defs[k], states[k]
     if def then
       local hold = P and st.dm and pace(domain(st.dm), st, id, score)
@@ -106,7 +144,8 @@ if limit > 0 then
         held = held + 1
       else
         st.x = (st.x or 0) + 1
-        st.s, st.due, st.p = "queued", score, now
+        st.s, st.due, st.p = status, score, now
+        if status == "running" then st.sa = now end
         redis.call("ZADD", queued, deliver_by, id)
         redis.call("HSET", state, id, encode_state(st))
         claimed = claimed + 1
@@ -122,12 +161,23 @@ if limit > 0 then
     end
   end
 end
-if claimed > 0 then redis.call("HINCRBY", counters, "promoted", claimed) end
+if claimed > 0 then
+  redis.call("HINCRBY", counters, "promoted", claimed)
+  if status == "running" then redis.call("HINCRBY", counters, "started", claimed) end
+end
 if held > 0 then redis.call("HINCRBY", counters, "held", held) end
 flush_domains()
 out[4], out[5] = math.max(0, room - claimed), held
-local nd = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
+local nd
+if status == "running" then
+  nd = redis.call("ZRANGEBYSCORE", schedule, "(" .. now, "+inf", "WITHSCORES", "LIMIT", 0, 1)
+else
+  nd = redis.call("ZRANGE", schedule, 0, 0, "WITHSCORES")
+end
 if nd[2] then out[2] = tonumber(nd[2]) end
+-- A filtered claim that stopped at its scan bound has not seen every due job:
+-- look again soon rather than sleep until the next future one.
+if scan_full and (out[2] < 0 or out[2] > now + 100) then out[2] = now + 100 end
 local nq = redis.call("ZRANGE", queued, 0, 0, "WITHSCORES")
 local nl = redis.call("ZRANGE", leases, 0, 0, "WITHSCORES")
 if nq[2] then out[3] = tonumber(nq[2]) end

@@ -14,6 +14,8 @@
 -- KEYS[7] static    set   ids from beat_schedule
 -- KEYS[8] queued    zset  id -> delivery deadline ms
 -- KEYS[9] audit     stream  changes to jobs (capped): one entry per job changed
+-- KEYS[10] http_schedule  zset  id -> due ms of transport "http" jobs
+-- KEYS[11] http_wake     channel  wakes the job gateways
 -- ARGV[1] operation: pause | resume | run_now | delete | reset | requeue | purge
 --   requeue and purge act on dead letters only (ids in the dead set): a job
 --   another operator requeued or resumed a moment ago is left as it is.
@@ -27,8 +29,8 @@
 -- ARGV[6..] groups of 2: id, due ms (resume: the next run, "" once the job has
 --           ended; others ignore it)
 -- Returns {changed, then the ids that were not found}
-local defs, schedule, leases, state, paused, dead, static, queued =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local defs, schedule, leases, state, paused, dead, static, queued, http, wake =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], KEYS[11]
 local op = ARGV[1]
 local A = audit_from(KEYS[9], 2)
 local now = now_ms()
@@ -51,25 +53,25 @@ for i = 6, #ARGV, 2 do
       what, value = "def", redis.call("HGET", defs, id)
       redis.call("HDEL", defs, id)
       if not in_flight then redis.call("HDEL", state, id) end
-      redis.call("ZREM", schedule, id)
+      schedule_rem(id, schedule, http)
       redis.call("SREM", paused, id)
       redis.call("ZREM", dead, id)
       redis.call("SREM", static, id)
       changed, st = true, nil
     elseif op == "pause" then
       changed = redis.call("SADD", paused, id) == 1
-      if redis.call("ZREM", schedule, id) == 1 then st.s = "paused" end
+      if schedule_rem(id, schedule, http) == 1 then st.s = "paused" end
       what, value = "diff", PAUSED
     elseif op == "resume" then
       changed = redis.call("SREM", paused, id) == 1
       if changed then what, value = "diff", RESUMED end
       if not in_flight and (st.s == "paused" or st.s == "dead")
-          and not redis.call("ZSCORE", schedule, id) then
+          and not schedule_score(id, schedule, http) then
         redis.call("ZREM", dead, id)
         if ARGV[i + 1] == "" then
           st.s = "finished"
         else
-          redis.call("ZADD", schedule, ARGV[i + 1], id)
+          schedule_add(st, id, ARGV[i + 1], schedule, http, wake)
           st.o, st.a, st.d, st.x, st.s = tonumber(ARGV[i + 1]), 1, 0, 0, "scheduled"
         end
         changed = true
@@ -77,7 +79,7 @@ for i = 6, #ARGV, 2 do
     elseif op == "run_now" then
       if not in_flight then
         redis.call("ZREM", dead, id)
-        redis.call("ZADD", schedule, now, id)
+        schedule_add(st, id, now, schedule, http, wake)
         st.o, st.a, st.d, st.x, st.s = now, 1, 0, 0, "scheduled"
         changed = true
       end
@@ -88,7 +90,7 @@ for i = 6, #ARGV, 2 do
         if redis.call("SISMEMBER", paused, id) == 1 then
           st.s = "paused"
         else
-          redis.call("ZADD", schedule, now, id)
+          schedule_add(st, id, now, schedule, http, wake)
           st.o, st.a, st.d, st.x, st.s = now, 1, 0, 0, "scheduled"
         end
       end
@@ -97,12 +99,12 @@ for i = 6, #ARGV, 2 do
       if not in_flight and redis.call("ZREM", dead, id) == 1 then
         st.d, st.a, st.x, st.c = 0, 1, 0, 0
         if op == "requeue" then
-          redis.call("ZADD", schedule, now, id)
+          schedule_add(st, id, now, schedule, http, wake)
           st.o, st.s = now, "scheduled"
           if redis.call("SREM", paused, id) == 1 then what, value = "diff", RESUMED end
         else
           if redis.call("SADD", paused, id) == 1 then what, value = "diff", PAUSED end
-          redis.call("ZREM", schedule, id)
+          schedule_rem(id, schedule, http)
           st.s = "paused"
         end
         changed = true

@@ -26,6 +26,8 @@
 -- KEYS[8] workers   zset  worker name -> last heartbeat ms
 -- KEYS[9] domains   hash  domain -> learned pacing state (an occurrence that
 --                         leaves flight here frees its domain's slot)
+-- KEYS[10] http_schedule zset id -> due ms of transport "http" jobs
+-- KEYS[11] http_wake    channel  wakes the job gateways
 -- ARGV[1] most entries to look at, per deadline kind
 -- ARGV[2] crashed executions of one occurrence before it is dead-lettered
 -- ARGV[3] delivery deadline, ms
@@ -36,6 +38,7 @@
 --          "dead-lettered" of them)}
 local leases, queued, schedule, state, dead, defs, counters, workers =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local http, wake = KEYS[10], KEYS[11]
 local now = now_ms()
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -58,7 +61,7 @@ end
 local function reschedule(id, st)
   st.s = "scheduled"
   domain_land(domain, st, id)
-  redis.call("ZADD", schedule, st.due or now, id)
+  schedule_add(st, id, st.due or now, schedule, http, wake)
 end
 
 for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, limit)) do

@@ -1,24 +1,29 @@
--- release.lua: give back claimed jobs that could not be published.
+-- release.lua: give back claimed jobs that could not be handed to a worker.
 --
--- Each job returns to the schedule at its due time without counting a
--- publish, so a broker outage delays jobs but never loses or kills them.
+-- Beat releases the ones it could not publish (status "queued"); the job
+-- gateway the ones it claimed for a poller that went away before the answer
+-- (status "running"). Each job returns to its schedule at its due time without
+-- counting a delivery, so an outage delays jobs but never loses or kills them.
 --
--- KEYS[1] queued    zset  id -> delivery deadline ms
+-- KEYS[1] queued    zset  id -> delivery deadline ms (the gateway: leases, running)
 -- KEYS[2] schedule  zset  id -> due ms
 -- KEYS[3] state     hash  id -> runtime state (cjson)
 -- KEYS[4] domains   hash  domain -> learned pacing state (frees the domain's slot)
--- ARGV    groups of 3: id, occurrence, attempt
+-- KEYS[5] http_schedule  zset  id -> due ms of transport "http" jobs
+-- KEYS[6] http_wake      channel  wakes the job gateways
+-- ARGV[1] the status the jobs were claimed into: queued | running
+-- ARGV[2..] groups of 3: id, occurrence, attempt
 -- Returns the number released
-local queued, schedule, state = KEYS[1], KEYS[2], KEYS[3]
+local held, schedule, state, http, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6]
 local domain, flush_domains = domain_cache(KEYS[4], nil)
 local released = 0
-for i = 1, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   local id = ARGV[i]
-  local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {"queued"})
-  if st and redis.call("ZREM", queued, id) == 1 then
-    st.s, st.x = "scheduled", math.max(0, (st.x or 1) - 1)
+  local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {ARGV[1]})
+  if st and redis.call("ZREM", held, id) == 1 then
+    st.s, st.x, st.sa = "scheduled", math.max(0, (st.x or 1) - 1), nil
     domain_land(domain, st, id)
-    redis.call("ZADD", schedule, st.due or st.o, id)
+    schedule_add(st, id, st.due or st.o, schedule, http, wake)
     redis.call("HSET", state, id, encode_state(st))
     released = released + 1
   end

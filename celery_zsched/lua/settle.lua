@@ -15,6 +15,8 @@
 -- KEYS[8] queued    zset   id -> delivery deadline ms
 -- KEYS[9] domains      hash  domain -> learned pacing state (cjson)
 -- KEYS[10] domain_conf hash  domain -> operator overrides (cjson)
+-- KEYS[11] http_schedule zset id -> due ms of transport "http" jobs
+-- KEYS[12] http_wake    channel  wakes the job gateways
 -- ARGV[1]  job id
 -- ARGV[2]  occurrence being settled
 -- ARGV[3]  attempt being settled
@@ -35,6 +37,7 @@
 -- settle opened ("" = none)} | {"stale"} | {"changed"} | {"deleted", that domain}
 local schedule, leases, state, defs, paused, events, counters, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local http, wake = KEYS[11], KEYS[12]
 local id, occ, attempt, outcome, label = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local next_due = ARGV[6]
 
@@ -105,7 +108,7 @@ end
 
 redis.call("ZREM", leases, id)
 redis.call("ZREM", queued, id)
-redis.call("ZREM", schedule, id)
+schedule_rem(id, schedule, http)
 
 if outcome == "complete" then
   st.r, st.c, st.e = (st.r or 0) + 1, 0, nil
@@ -134,7 +137,7 @@ else
     st.s = "paused"
   else
     st.s = "scheduled"
-    redis.call("ZADD", schedule, next_due, id)
+    schedule_add(st, id, next_due, schedule, http, wake)
   end
 end
 redis.call("HSET", state, id, encode_state(st))

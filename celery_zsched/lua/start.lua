@@ -13,6 +13,9 @@
 -- KEYS[5] counters  hash  global counters
 -- KEYS[6] domains      hash  domain -> learned pacing state (cjson)
 -- KEYS[7] domain_conf  hash  domain -> operator overrides (cjson)
+-- KEYS[8] http_schedule  zset  id -> due ms of transport "http" jobs (a job made
+--                        one while its message waited goes back there)
+-- KEYS[9] http_wake      channel  wakes the job gateways
 -- ARGV[1] job id
 -- ARGV[2] occurrence
 -- ARGV[3] attempt
@@ -80,7 +83,7 @@ if P and st.fd then
     local at = domain_reserve(e, gate, delay)
     st.s, st.rv, st.x = "scheduled", at, math.max(0, (st.x or 1) - 1)
     redis.call("ZREM", queued, id)
-    redis.call("ZADD", schedule, at, id)
+    schedule_add(st, id, at, schedule, KEYS[8], KEYS[9])
     redis.call("HSET", state, id, encode_state(st))
     redis.call("HINCRBY", counters, "deferred", 1)
     flush()

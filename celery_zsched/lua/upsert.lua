@@ -14,26 +14,29 @@
 -- KEYS[6] static    set   ids that come from beat_schedule
 -- KEYS[7] queued    zset  id -> delivery deadline ms
 -- KEYS[8] audit     stream  changes to jobs (capped)
+-- KEYS[9] http_schedule  zset  id -> due ms of transport "http" jobs
+-- KEYS[10] http_wake     channel  wakes the job gateways
 -- ARGV[1] "1" to mark every job as static, else "0"
 -- ARGV[2] audit stream cap (0: record nothing)
 -- ARGV[3] actor kind
 -- ARGV[4] actor name
 -- ARGV[5] note ("" = none)
--- ARGV[6..] groups of 7: id, definition JSON, first due ms ("" = none),
+-- ARGV[6..] groups of 8: id, definition JSON, first due ms ("" = none),
 --           enabled ("1"/"0"), timing signature, least ms from the job's last
 --           run to a rescheduled run ("" = no floor; interval jobs: interval +
---           jitter, so an edit or a resume never makes a job run early), and
---           the domain it is paced under ("" = not paced)
+--           jitter, so an edit or a resume never makes a job run early), the
+--           domain it is paced under ("" = not paced), and its transport
+--           ("h" = http, "" = celery)
 -- Returns {created, updated, rescheduled}
-local defs, schedule, leases, state, paused, static, queued =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local defs, schedule, leases, state, paused, static, queued, http, wake =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
 local mark_static = ARGV[1] == "1"
 local A = audit_from(KEYS[8], 2)
 local created, updated, rescheduled = 0, 0, 0
 
-for i = 6, #ARGV, 7 do
+for i = 6, #ARGV, 8 do
   local id, def, due, enabled, sig = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3] == "1", ARGV[i + 4]
-  local gap, dm = ARGV[i + 5], ARGV[i + 6]
+  local gap, dm, transport = ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
   if A.maxlen > 0 then
     -- Before the write: the diff is against the definition this one replaces.
     local old = redis.call("HGET", defs, id)
@@ -56,10 +59,11 @@ for i = 6, #ARGV, 7 do
     created = created + 1
     st = new_state(tonumber(due) or 0)
     st.g, st.s = sig, "scheduled"
+    if transport ~= "" then st.t = transport end
     if due == "" then
       st.s = "finished"
     elseif enabled then
-      redis.call("ZADD", schedule, due, id)
+      schedule_add(st, id, due, schedule, http, wake)
     else
       st.s = "paused"
       redis.call("SADD", paused, id)
@@ -70,21 +74,29 @@ for i = 6, #ARGV, 7 do
     if is_new then created = created + 1 else updated = updated + 1 end
     st = decode_state(raw)
     local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
+    -- A change of transport moves a waiting job to the other schedule at the
+    -- same due time; one in flight lands in the new one when it settles.
+    if (st.t or "") ~= transport then
+      local at = schedule_score(id, schedule, http)
+      schedule_rem(id, schedule, http)
+      st.t = transport ~= "" and transport or nil
+      if at then schedule_add(st, id, at, schedule, http, wake) end
+    end
     if not enabled then
       redis.call("SADD", paused, id)
-      if redis.call("ZREM", schedule, id) == 1 or st.s == "scheduled" then st.s = "paused" end
+      if schedule_rem(id, schedule, http) == 1 or st.s == "scheduled" then st.s = "paused" end
     else
       local was_paused = redis.call("SREM", paused, id) == 1
       local move = (st.g ~= sig and st.s ~= "dead") or (was_paused and st.s == "paused")
       if move and not in_flight then
         rescheduled = rescheduled + 1
         if due == "" then
-          redis.call("ZREM", schedule, id)
+          schedule_rem(id, schedule, http)
           st.s = "finished"
         else
           local at = tonumber(due)
           if gap ~= "" and st.l then at = math.max(at, st.l + tonumber(gap)) end
-          redis.call("ZADD", schedule, at, id)
+          schedule_add(st, id, at, schedule, http, wake)
           st.o, st.a, st.d, st.x, st.s = at, 1, 0, 0, "scheduled"
         end
       end

@@ -76,7 +76,7 @@ def form_data(**overrides: Any) -> dict[str, Any]:
         "jitter_s": "", "start_at_0": "", "start_at_1": "", "end_at_0": "", "end_at_1": "",
         "max_runs": "", "misfire_grace_s": "", "meta": "{}", "args": "[]", "kwargs": "{}",
         "queue": "", "routing_key": "", "priority": "", "expires_s": "", "retry_max": "",
-        "retry_base_s": "",
+        "retry_base_s": "", "transport": "celery",
         # The recent-runs inline is read-only: an empty management form is enough.
         "runs-TOTAL_FORMS": "0", "runs-INITIAL_FORMS": "0",
         "runs-MIN_NUM_FORMS": "0", "runs-MAX_NUM_FORMS": "0",
@@ -250,10 +250,10 @@ def test_an_action_over_10000_rows_is_one_pipeline_and_one_update(
     assert "Paused 10000 jobs (10000 changed in Redis" in messages_of(response)[0]
     assert calls == [10_000]
     # Two pipelines: Store.pause (its Lua calls chunked inside one pipeline),
-    # then the redirected changelist's get_many of one page (six commands
-    # whatever the page size: HMGET x2, ZMSCORE x3 (schedule, leases, queued),
-    # SMISMEMBER).
-    assert len(pipelines) == 2 and pipelines[1] == 6
+    # then the redirected changelist's get_many of one page (seven commands
+    # whatever the page size: HMGET x2, ZMSCORE x4 (schedule, http_schedule,
+    # leases, queued), SMISMEMBER).
+    assert len(pipelines) == 2 and pipelines[1] == 7
     updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "zsched_job"')]
     assert len(updates) == 1
     stats = zstore.stats()

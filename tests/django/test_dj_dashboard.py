@@ -77,6 +77,26 @@ def test_due_histogram_counts_known_due_times_in_their_buckets(partitioned: Stor
     assert "2 jobs overdue" in chart and chart.count("<rect class=\"bar\"") == 49
 
 
+def test_due_load_counts_http_jobs_when_asked(partitioned: Store) -> None:
+    """HTTP jobs wait in their own schedules: the histogram counts them with ``http``
+    (the page asks when ``stats()`` says some wait)."""
+    store = partitioned
+    now = store.now_ms()
+    bucket = dashboard.DUE_BUCKET_MS
+    jobs_due(store, {"celery-late": now - 5 * MIN, "celery-b1": now + bucket})
+    http = {"http-late": now - MIN, "http-b0": now + MIN, "http-b1": now + bucket + MIN}
+    store.upsert_many([Job.from_dict({"id": job_id, "url": f"https://example.org/{job_id}",
+                                      "interval_s": 86400 * 7, "jitter_s": 0,
+                                      "transport": "http"}) for job_id in http],
+                      first_due=dict(http))
+    assert store.stats()["http_scheduled"] == 3
+    beat_only = dashboard.due_load(store, now)
+    assert (beat_only.overdue, beat_only.counts[:2]) == (1, [0, 1])
+    both = dashboard.due_load(store, now, http=True)
+    assert (both.overdue, both.counts[:2]) == (2, [1, 2])
+    assert sum(both.counts) == 3
+
+
 # ---------------------------------------------------------- lateness, outcomes
 def test_lateness_percentiles_are_nearest_rank_per_hour_from_history(zstore: Store) -> None:
     now = zstore.now_ms()
@@ -227,6 +247,7 @@ def test_redis_commands_per_render_do_not_grow_with_the_jobs(
     assert store.stats()["jobs"] == 10_000
     large = commands_per_render(admin_client, rclient)
     assert small == large
-    # 49 ZCOUNTs per partition for the histogram, the stats pipeline, a few more.
-    assert small["zcount"] == 3 * (dashboard.DUE_BUCKETS + 1) + 3 * 3
+    # 49 ZCOUNTs per partition for the histogram (no HTTP job waits), 6 in the
+    # stats pipeline (due now, next minute, next hour, of each schedule), a few more.
+    assert small["zcount"] == 3 * (dashboard.DUE_BUCKETS + 1) + 3 * 6
     assert sum(small.values()) < 3 * 70

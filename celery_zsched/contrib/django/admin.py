@@ -394,7 +394,7 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
     list_display = ("title", "schedule", "next_run", "last_outcome", "short_last_error",
                     "enabled")
     list_display_links = ("title",)
-    list_filter = ("enabled", "kind", LastStatusFilter, QueueFilter, FailingFilter,
+    list_filter = ("enabled", "kind", "transport", LastStatusFilter, QueueFilter, FailingFilter,
                    DeadLetteredFilter)
     search_fields = ("name", "url", "job_id")
     list_per_page = 100
@@ -439,8 +439,8 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
         }),
         ("Arguments", {"fields": ("meta", "args", "kwargs"), "classes": ("collapse",)}),
         ("Routing and retries", {
-            "fields": ("queue", "routing_key", "priority", "expires_s", "retry_max",
-                       "retry_base_s"),
+            "fields": ("transport", "queue", "routing_key", "priority", "expires_s",
+                       "retry_max", "retry_base_s"),
             "classes": ("collapse",),
         }),
     )

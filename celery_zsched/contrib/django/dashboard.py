@@ -3,7 +3,8 @@
 Every figure comes from a read whose cost is bounded whatever the fleet size:
 
 * **due load** over the next 24 hours: :data:`DUE_BUCKETS` + 1 ``ZCOUNT``\\ s per
-  partition, pipelined in one round trip (:meth:`Store.due_counts`), never a scan;
+  partition (twice that when HTTP jobs wait: their schedules too), pipelined in
+  one round trip (:meth:`Store.due_counts`), never a scan;
 * **lateness p50/p99 and outcomes per hour** over the last :data:`HOURS` hours:
   two SQL statements on :class:`ZSchedRun` that read only the covering index
   ``zsched_run_window`` (finished_at, status, lateness_ms), never the table
@@ -117,15 +118,20 @@ def gather(store: Store, hours: int = HOURS) -> Dashboard:
         now = store.now_ms()
         stats = store.stats()
         return Dashboard(
-            due=due_load(store, now), runs=run_window(store, now, hours), stats=stats,
+            due=due_load(store, now, http=bool(stats.get("http_scheduled"))),
+            runs=run_window(store, now, hours), stats=stats,
             dead_ids=store.dead_ids(LISTED) if stats.get("dead") else [],
             alerts=store.domain_alerts() if store.settings.pacing else None)
 
 
-def due_load(store: Store, now_ms: int) -> DueLoad:
-    """The due-load histogram: one pipelined batch of ZCOUNTs per partition."""
+def due_load(store: Store, now_ms: int, *, http: bool = False) -> DueLoad:
+    """The due-load histogram: one pipelined batch of ZCOUNTs per partition.
+
+    ``http``: HTTP jobs wait (``stats()["http_scheduled"]``), so their schedules
+    are counted too; a store without any pays nothing for them.
+    """
     edges = [now_ms + i * DUE_BUCKET_MS for i in range(DUE_BUCKETS + 1)]
-    counts = store.due_counts(edges)
+    counts = store.due_counts(edges, http=http)
     return DueLoad(now_ms=now_ms, overdue=counts[0], counts=counts[1:])
 
 

@@ -36,7 +36,7 @@ DEFINITION_FIELDS: tuple[str, ...] = (
     "job_id", "name", "task", "url", "meta", "args", "kwargs", "interval_s", "cron",
     "timezone", "day_rule", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
     "priority", "expires_s", "enabled", "max_runs", "misfire_grace_s", "retry_max",
-    "retry_base_s", "domain",
+    "retry_base_s", "domain", "transport",
 )
 
 #: Read-only mirror of the Redis runtime state, refreshed in bulk.
@@ -149,6 +149,13 @@ class DayRule(models.TextChoices):
     AND = "and", "Both day fields match (Celery crontab)"
 
 
+class Transport(models.TextChoices):
+    """Who runs a job (:data:`celery_zsched.job.TRANSPORTS`)."""
+
+    CELERY = "celery", "Celery (beat publishes it)"
+    HTTP = "http", "HTTP (workers in any language, through the job gateway)"
+
+
 class ZSchedJob(models.Model):
     """One recurring (or one-off) job: the durable definition, plus a runtime mirror.
 
@@ -205,6 +212,10 @@ class ZSchedJob(models.Model):
         max_length=253, blank=True,
         help_text="Pace this job under this domain instead of its URL's host "
                   "(per-domain politeness)")
+    transport = models.CharField(
+        max_length=8, choices=Transport.choices, default=Transport.CELERY, db_index=True,
+        help_text="Celery: beat publishes it to a Celery queue. HTTP: never published; "
+                  "workers in any language take it from GET /jobs/next (zsched serve).")
 
     # Runtime mirror of Redis (written in bulk by drain and reconcile).
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -1,0 +1,54 @@
+"""``celery -A proj zsched serve [--host --port]``: the HTTP job gateway.
+
+Attached to the ``zsched`` group at the end of :mod:`celery_zsched.cli`, whose
+error handling (one-line messages, exit codes) it shares. The server is in
+:mod:`celery_zsched.server` (the ``server`` extra: FastAPI and uvicorn).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import click
+from celery.bin.base import CeleryCommand
+
+from . import notify
+from .cli import EX_CONFIG, EX_UNAVAILABLE, _app, _echo, _errors, _fail, _store
+from .config import api_token_scopes
+
+
+@click.command(cls=CeleryCommand)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; 0.0.0.0 to serve workers on other hosts.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
+              help="TCP port.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              help="uvicorn's log level.")
+@click.pass_context
+@_errors
+def serve(ctx: click.Context, host: str, port: int, log_level: str) -> None:
+    """Serve the job gateway (GET /jobs/next, POST /jobs/{id}/complete|error) until stopped."""
+    try:
+        from .server.runner import serve as run  # FastAPI and uvicorn: the server extra
+    except ImportError as exc:
+        _fail(f"zsched serve needs FastAPI and uvicorn ({exc}): "
+              "pip install 'celery-zsched[server]'", EX_CONFIG)
+    store = _store(ctx)
+    if not api_token_scopes(store.settings.api_tokens):
+        _echo(ctx, "warning: zsched_api_tokens is empty, so every request is refused (401)")
+    # Fail with one line, before uvicorn logs a traceback, when the port is taken.
+    try:
+        with socket.create_server((host, port), reuse_port=False):
+            pass
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc}", EX_UNAVAILABLE)
+    _echo(ctx, f"serving the zsched job gateway on http://{host}:{port} (prefix "
+               f"{store.base.prefix}); Ctrl-C stops")
+    # The notifiers hear the server's settles and reaps, as a worker's and beat's.
+    app = _app(ctx)
+    notify.install(app)
+    try:
+        run(store, host, port, log_level=log_level, sender=app)
+    finally:
+        notify.close_all()

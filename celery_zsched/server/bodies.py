@@ -1,0 +1,84 @@
+"""Request bodies of the job gateway: size-capped, strict JSON, errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticError
+
+from .problems import Problem, bad_field
+
+#: Largest request body: a report is a token, two times and an error text.
+MAX_BODY = 4096
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Strict(BaseModel):
+    # Strict: "12" is not a number and true is not 1; unknown fields are refused.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class HeartbeatReport(_Strict):
+    """``POST /jobs/{id}/heartbeat``: the lease to extend."""
+
+    lease: str = Field(min_length=1, max_length=100,
+                       description="The lease token `GET /jobs/next` handed out, as is.")
+
+
+class CompleteReport(HeartbeatReport):
+    """``POST /jobs/{id}/complete``: the lease, and the times it was handed out with."""
+
+    scheduled_at: int | None = Field(
+        None, ge=0, description="Echo of the job's scheduled_at (epoch ms, Redis' clock).")
+    picked_up_at: int | None = Field(
+        None, ge=0, description="Echo of the job's picked_up_at (epoch ms, Redis' clock).")
+
+
+class ErrorReport(CompleteReport):
+    """``POST /jobs/{id}/error``: what went wrong, and what the target answered."""
+
+    error: str = Field(min_length=1, max_length=2000, description="What went wrong.")
+    status: int | None = Field(None, ge=100, le=599,
+                               description="HTTP status the target answered (feeds pacing).")
+    retry_after: float | None = Field(
+        None, ge=0, le=86400 * 7,
+        description="Seconds the target asked to wait (its Retry-After): the retry waits "
+                    "this long, and with pacing on its domain does too.")
+
+
+async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
+    """The request body; ``413`` as soon as it passes ``limit`` bytes (never read whole)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Problem(413, "body too large", f"a report is at most {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Problem(413, "body too large", f"a report is at most {limit} bytes")
+    return bytes(body)
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    """The body parsed as ``model``; ``400`` naming the field (or ``body``) otherwise."""
+    raw = await read_body(request)
+    try:
+        data = json.loads(raw) if raw.strip() else None
+    except (ValueError, RecursionError) as exc:
+        raise bad_field("body", f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise bad_field("body", "must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except PydanticError as exc:
+        raise pydantic_problem(exc) from None
+
+
+def pydantic_problem(exc: PydanticError, prefix: tuple[str | int, ...] = ()) -> Problem:
+    """``400`` naming the first field pydantic refused."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in (*prefix, *first.get("loc", ())) if part != "body"]
+    return bad_field(".".join(loc) or "body", str(first.get("msg", "invalid")))

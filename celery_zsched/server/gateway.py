@@ -1,0 +1,226 @@
+"""The job gateway: the worker protocol for workers in any language.
+
+``GET /jobs/next`` long-polls for one due HTTP job; ``POST /jobs/{id}/complete``
+and ``POST /jobs/{id}/error`` settle it (compare-and-set on the lease token);
+``POST /jobs/{id}/heartbeat`` extends its lease. Every route needs a token of
+scope ``worker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from .. import signals
+from ..results import Claimed, SettleResult
+from ..store import Store
+from ..telemetry import log_event
+from .auth import require
+from .bodies import CompleteReport, ErrorReport, HeartbeatReport, read_model
+from .dispatcher import Dispatcher, ShuttingDown, StoreDown
+from .lease import Lease, LeaseSigner
+from .problems import Problem, bad_field
+
+logger = logging.getLogger("celery_zsched.server")
+router = APIRouter(tags=["gateway"], dependencies=[Depends(require("worker"))])
+#: Retry-After of a 503 while the server shuts down (another one will answer).
+SHUTDOWN_RETRY_S = 5
+
+
+@dataclass
+class Gateway:
+    """What the gateway's routes share: the store, the dispatcher, the lease signer."""
+
+    store: Store
+    dispatcher: Dispatcher
+    signer: LeaseSigner
+    timeout_s: float
+    lease_s: float
+    #: Sends the signals of each settle (the Celery app, as a worker does).
+    sender: Any = None
+
+    def job_body(self, claimed: Claimed) -> dict[str, Any]:
+        """What a worker gets: the job, and the lease it echoes back."""
+        job = claimed.job
+        lease = Lease(job.id, claimed.occurrence, claimed.attempt)
+        body: dict[str, Any] = {
+            "id": job.id, "url": job.url, "interval_s": job.interval_s, "cron": job.cron,
+            "timezone": job.timezone, "meta": job.meta, "queue": job.queue, "task": job.task,
+            "args": job.args, "kwargs": job.kwargs,
+            "occurrence": claimed.occurrence, "attempt": claimed.attempt,
+            "deliveries": claimed.deliveries,
+            "lease": self.signer.token(lease), "lease_s": self.lease_s,
+            "scheduled_at": claimed.due_ms, "picked_up_at": claimed.promoted_ms,
+        }
+        return body
+
+    def lease_of(self, job_id: str, token: str) -> Lease:
+        """The lease a report holds on ``job_id``; ``400`` if the token is not one.
+
+        A token of another job, an unknown job and a made-up token get the same
+        answer, which names no job.
+        """
+        lease = self.signer.read(job_id, token)
+        if lease is None:
+            raise bad_field("lease", "not a lease token this server handed out for this job")
+        return lease
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def _unavailable(exc: ShuttingDown | StoreDown) -> Problem:
+    if isinstance(exc, ShuttingDown):
+        return Problem(503, "shutting down", "this server is shutting down; poll another",
+                       headers={"Retry-After": str(SHUTDOWN_RETRY_S)})
+    return Problem(503, "store unavailable", str(exc),
+                   headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the ASGI ``http.disconnect`` message)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+@router.get(
+    "/jobs/next",
+    summary="Long-poll for one due job",
+    responses={200: {"description": "A job, with the lease to echo back"},
+               204: {"description": "No job fell due before the timeout"},
+               503: {"description": "Shutting down, or Redis is unreachable (see Retry-After)"}})
+async def next_job(
+    request: Request,
+    queue: str = Query("", max_length=200,
+                       description="Only jobs whose queue field is this (default: any)."),
+    timeout: float | None = Query(None, ge=0, description="Seconds to wait at most "
+                                  "(default and cap: zsched_gateway_timeout_s)."),
+) -> Response:
+    """Claim one due job (atomically, like beat), or wait for one to fall due."""
+    gateway = _gateway(request)
+    dispatcher = gateway.dispatcher
+    wait = gateway.timeout_s if timeout is None else min(timeout, gateway.timeout_s)
+    if wait <= 0:
+        return await _take_now(gateway, queue)
+    try:
+        waiter = dispatcher.enter(queue)
+    except (ShuttingDown, StoreDown) as exc:
+        raise _unavailable(exc) from None
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        pending: set[asyncio.Future[Any]] = {waiter.future, gone}
+        await asyncio.wait(pending, timeout=wait,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hung_up = gone.done()
+        gone.cancel()
+    try:
+        claimed = dispatcher.withdraw(waiter)
+    except (ShuttingDown, StoreDown) as exc:
+        raise _unavailable(exc) from None
+    if claimed is None:
+        return Response(status_code=204)
+    if hung_up:
+        dispatcher.give_back([claimed])  # nobody is listening: back to the schedule
+        return Response(status_code=204)
+    return JSONResponse(gateway.job_body(claimed))
+
+
+async def _take_now(gateway: Gateway, queue: str) -> Response:
+    """``timeout=0``: a job due now, or ``204`` at once (one claim, no waiting in line)."""
+    if gateway.dispatcher.closing:
+        raise _unavailable(ShuttingDown())
+    batch = await asyncio.to_thread(gateway.store.claim_http, 1, queue)
+    if not batch.jobs:
+        return Response(status_code=204)
+    return JSONResponse(gateway.job_body(batch.jobs[0]))
+
+
+def _settled(result: SettleResult) -> JSONResponse:
+    if result.applied:
+        return JSONResponse({"applied": True, "outcome": result.label, "status": result.status,
+                             "next_run_at": result.next_due_ms})
+    return JSONResponse(
+        {"applied": False, "reason": result.status,
+         "detail": "nothing changed: this lease was already reported, or its job was "
+                   "reaped, rescheduled, edited or deleted meanwhile"},
+        status_code=409)
+
+
+async def _settle(request: Request, job_id: str, report: CompleteReport, outcome: str, *,
+                  error: str = "", status: int | None = None,
+                  retry_after: float | None = None) -> JSONResponse:
+    gateway = _gateway(request)
+    lease = gateway.lease_of(job_id, report.lease)
+    due, picked = report.scheduled_at, report.picked_up_at
+    timings = {"task_id": None, "transport": "http", "due_ms": due, "promoted_ms": picked,
+               "started_ms": picked, "wait_ms": 0 if picked is not None else None,
+               "lateness_ms": picked - due if due is not None and picked is not None else None}
+    result = await asyncio.to_thread(
+        gateway.store.settle, lease.job_id, lease.occurrence, lease.attempt, outcome,
+        error=error, retry_after_s=retry_after, event=timings, http_status=status)
+    # Start and end are both on Redis' clock: the claim's and the settle's.
+    duration = (result.now_ms - picked if result.now_ms is not None and picked is not None
+                else None)
+    log_event("job_complete" if outcome == "complete" else "job_error",
+              logging.INFO if outcome == "complete" else logging.WARNING,
+              job_id=lease.job_id, occurrence=lease.occurrence, attempt=lease.attempt,
+              status=result.label, applied=result.applied, error=error or None,
+              http_status=status, lateness_ms=timings["lateness_ms"],
+              wait_ms=timings["wait_ms"], duration_ms=duration, next_run_at=result.next_due_ms)
+    try:
+        signals.after_settle(gateway.sender, lease.job_id, lease.occurrence, lease.attempt,
+                             outcome, error, result, gateway.store.settings.notify_streak)
+    except Exception:  # the settle is done: a signal must never fail the report
+        logger.exception("zsched gateway: signalling the settle of %s failed", lease.job_id)
+    return _settled(result)
+
+
+@router.post("/jobs/{job_id}/complete", summary="Report a job done",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": CompleteReport.model_json_schema()}}}},
+             responses={409: {"description": "Stale or repeated report: nothing changed"}})
+async def complete(job_id: str, request: Request) -> JSONResponse:
+    """Settle (compare-and-set): the job's next run is scheduled from now."""
+    report = await read_model(request, CompleteReport)
+    return await _settle(request, job_id, report, "complete")
+
+
+@router.post("/jobs/{job_id}/error", summary="Report a job failed",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": ErrorReport.model_json_schema()}}}},
+             responses={409: {"description": "Stale or repeated report: nothing changed"}})
+async def error(job_id: str, request: Request) -> JSONResponse:
+    """Settle (compare-and-set): a retry with backoff, or the next regular run."""
+    report = await read_model(request, ErrorReport)
+    return await _settle(request, job_id, report, "error", error=report.error,
+                         status=report.status, retry_after=report.retry_after)
+
+
+@router.post("/jobs/{job_id}/heartbeat", summary="Extend a job's lease",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": HeartbeatReport.model_json_schema()}}}},
+             responses={409: {"description": "The lease is no longer held"}})
+async def heartbeat(job_id: str, request: Request) -> JSONResponse:
+    """The lease runs zsched_gateway_lease_s from now again, while the job is still running."""
+    gateway = _gateway(request)
+    report = await read_model(request, HeartbeatReport)
+    lease = gateway.lease_of(job_id, report.lease)
+    gone = await asyncio.to_thread(
+        gateway.store.heartbeat, [(lease.job_id, lease.occurrence, lease.attempt)],
+        lease_s=gateway.lease_s)
+    if gone:
+        return JSONResponse({"extended": False, "detail": "this lease is no longer held: "
+                             "it was reported, or it ended and the job went back"},
+                            status_code=409)
+    return JSONResponse({"extended": True, "lease_s": gateway.lease_s})

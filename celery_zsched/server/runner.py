@@ -1,0 +1,62 @@
+"""Serve the app with uvicorn, shutting down gracefully.
+
+On SIGTERM or SIGINT the gateway first stops taking polls and answers the
+waiting ones ``503`` (uvicorn alone would wait for every long-poll to time
+out), then uvicorn finishes the requests in flight, and the lifespan's end
+releases what was claimed for pollers that are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from ..store import Store
+from .app import create_app
+
+#: Longest uvicorn waits for requests in flight at shutdown.
+GRACEFUL_S = 10
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the dispatcher first when a signal asks it to stop."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Any) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def _log_events(level: str) -> None:
+    """Send celery-zsched's structured events (job_complete, job_error, ...) to stderr.
+
+    A Celery worker logs them through Celery's logging; this process has none.
+    A handler someone configured already is left alone.
+    """
+    logger = logging.getLogger("celery_zsched")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(level.upper())
+        logger.propagate = False
+
+
+def serve(store: Store, host: str, port: int, *, log_level: str = "info",
+          sender: Any = None) -> None:
+    """Run the server on ``host:port`` until a signal stops it.
+
+    ``sender``: the Celery app, whose notifiers hear the server's settles and reaps.
+    """
+    _log_events(log_level)
+    app = create_app(store, sender=sender)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=GRACEFUL_S, lifespan="on",
+                            access_log=False)
+    _Server(config, app.state.gateway.dispatcher.begin_shutdown_threadsafe).run()

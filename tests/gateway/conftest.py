@@ -1,0 +1,135 @@
+"""A real job gateway (uvicorn on a free port) on the throwaway Redis, and clients for it.
+
+The fast tests run the server in a thread of the test process: a real HTTP
+server, real sockets, the real dispatcher and store, started in about 50 ms.
+The tests that need a server process of its own (``zsched serve``: signals,
+the Node.js worker) start one with :func:`serve_process`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from celery_zsched.config import Settings
+from celery_zsched.job import Job
+from celery_zsched.server.app import create_app
+from celery_zsched.server.dispatcher import Dispatcher
+from celery_zsched.store import Store
+from tests.helpers import free_port, wait
+
+WORKER = "worker-token-0123456789"
+READER = "reader-token-0123456789"
+TOKENS = f"{WORKER}:worker,{READER}:read"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Served:
+    """A gateway serving ``store`` at ``url``."""
+
+    store: Store
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+    dispatcher: Dispatcher
+
+    def client(self, token: str | None = WORKER, timeout: float = 10.0) -> httpx.Client:
+        """An HTTP client with ``token`` as its bearer token (``None``: no header)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def stop(self) -> None:
+        """Shut down as on SIGTERM: polls get 503, then the server stops."""
+        self.dispatcher.begin_shutdown_threadsafe()
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def http_job(job_id: str, **fields: Any) -> Job:
+    """An HTTP job (no jitter: tests time it)."""
+    timing = {} if {"run_at", "cron", "interval_s"} & set(fields) else {"interval_s": 60}
+    data = {"id": job_id, "url": f"http://target.invalid/{job_id}", "transport": "http",
+            "jitter_s": 0, **timing, **fields}
+    return Job.from_dict(data)
+
+
+@pytest.fixture
+def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
+    """Start a gateway with setting overrides; every one started is stopped after the test."""
+    started: list[Served] = []
+
+    def start(redis_url: str | None = None, **overrides: Any) -> Served:
+        values = {"api_tokens": TOKENS, "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0,
+                  "max_jitter_s": 0.0, **overrides}
+        store = (Store.from_settings(Settings(redis_url=redis_url, **values)) if redis_url
+                 else make_store(**values))
+        app = create_app(store)
+        port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                lifespan="on", timeout_graceful_shutdown=5)
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        wait(lambda: server.started, 10, "the gateway to start", interval=0.01)
+        served = Served(store, f"http://127.0.0.1:{port}", server, thread,
+                        app.state.gateway.dispatcher)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.stop()
+
+
+def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warning",
+                  **settings: Any) -> subprocess.Popen[str]:
+    """``celery -A tests.cli_app zsched serve`` in a process of its own; waits until it answers."""
+    env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
+           "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_MAX_JITTER_S": "0"}
+    env.update({f"ZSCHED_{name.upper()}": str(value) for name, value in settings.items()})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.cli_app", "zsched", "serve",
+         "--port", str(port), "--log-level", log_level],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"zsched serve exited: {output}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/jobs/next", timeout=1)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    wait(answers, 20, "zsched serve to answer", interval=0.1)
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[str], timeout: float = 15) -> str:
+    """SIGTERM, then wait; the process's output."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+def elapsed(start: float) -> float:
+    """Seconds since ``start`` (a ``time.monotonic()``)."""
+    return time.monotonic() - start

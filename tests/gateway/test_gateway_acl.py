@@ -1,0 +1,40 @@
+"""The job gateway runs as the README's minimal ACL user: Redis refuses none of its
+commands (its claims, reports, reaps, wake-ups and their subscription)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_acl import PLACEHOLDER, readme_rule, refusals
+from tests.gateway.conftest import Served, http_job
+from tests.servers import RedisServer, running
+
+
+@pytest.fixture
+def acl_url(tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
+    password = secrets.token_hex(8)
+    rule = [">" + password if w == ">" + PLACEHOLDER else w for w in readme_rule()]
+    with running(RedisServer(tmp_path / "acl-redis")) as (server,):
+        with server.admin() as admin:
+            assert admin.execute_command(*rule) == "OK"
+            admin.execute_command("ACL", "LOG", "RESET")
+        yield server, server.url(user=rule[2], password=password)
+
+
+def test_the_gateway_needs_no_more_than_the_readme_acl_rule(
+        serve: Callable[..., Served], acl_url: tuple[RedisServer, str]) -> None:
+    server, url = acl_url
+    served = serve(redis_url=url, key_prefix="{zsched}:", gateway_timeout_s=3)
+    served.store.upsert(http_job("acl", run_at=served.store.now_ms() / 1000 + 0.3))
+    with served.client() as client:
+        job = client.get("/jobs/next").json()  # woken through the wake-up channel
+        res = client.post("/jobs/acl/error", json={"lease": job["lease"], "error": "e"})
+        assert res.status_code == 200
+        retry = client.get("/jobs/next", params={"timeout": 0.2})
+        assert retry.status_code == 204
+        served.store.run_now("acl")
+    assert refusals(server) == []
