@@ -50,6 +50,7 @@ from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
 from .next_run_order import next_run_page
 from .preview_admin import COUNT, fires_html, preview_url
 from .preview_admin import urls as preview_urls
+from .readonly import JobRecordsReadOnly
 from .runs_admin import DELAYS_HELP, RunColumns
 from .words import every, job_in_words
 
@@ -293,7 +294,7 @@ class RecentRunsFormSet(BaseInlineFormSet):  # type: ignore[type-arg, misc, unus
         return self._recent
 
 
-class RecentRunsInline(RunColumns,
+class RecentRunsInline(JobRecordsReadOnly, RunColumns,
                        admin.TabularInline):  # type: ignore[type-arg, misc, unused-ignore]
     """The job's newest runs, read-only (history is written by ``zsched_drain`` only)."""
 
@@ -309,21 +310,6 @@ class RecentRunsInline(RunColumns,
     fields = ("finished", "status_badge", "attempt", "scheduled", "wait", "lateness",
               "duration", "short_error", "task_id")
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Whoever may see the job may see its history.
-        opts = ZSchedJob._meta
-        return bool(request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
-                    or request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
 
     @admin.display(description="status")
     def status_badge(self, run: ZSchedRun) -> SafeString:

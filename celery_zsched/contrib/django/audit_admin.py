@@ -26,7 +26,8 @@ from django.utils.text import Truncator
 from celery_zsched.audit import NOTE_MAX
 
 from .audit import acting, admin_actor, drain_quietly
-from .models import ZSchedJob, ZSchedJobChange
+from .models import ZSchedJobChange
+from .readonly import JobRecordsReadOnly
 
 #: The POST field of the note typed with a save on the job's add or change page.
 NOTE_FIELD = "zsched_note"
@@ -102,26 +103,6 @@ def _value(value: Any) -> str:
     return str(Truncator(text).chars(VALUE_WIDTH))
 
 
-def _can_view_jobs(request: HttpRequest) -> bool:
-    opts = ZSchedJob._meta
-    return bool(request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
-                or request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
-
-
-class _ReadOnly:
-    """Nobody adds, edits or deletes audit records; whoever may see jobs sees them."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _can_view_jobs(request)
 
 
 class RecentChangesFormSet(BaseInlineFormSet):  # type: ignore[type-arg, misc, unused-ignore]
@@ -133,7 +114,7 @@ class RecentChangesFormSet(BaseInlineFormSet):  # type: ignore[type-arg, misc, u
         return self._recent
 
 
-class RecentChangesInline(_ReadOnly, admin.TabularInline):  # type: ignore[type-arg, misc, unused-ignore]
+class RecentChangesInline(JobRecordsReadOnly, admin.TabularInline):  # type: ignore[type-arg, misc, unused-ignore]
     """The job's newest changes: who, when, what and why, read-only."""
 
     model = ZSchedJobChange
@@ -158,7 +139,7 @@ class RecentChangesInline(_ReadOnly, admin.TabularInline):  # type: ignore[type-
 
 
 @admin.register(ZSchedJobChange)
-class ZSchedJobChangeAdmin(_ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
+class ZSchedJobChangeAdmin(JobRecordsReadOnly, admin.ModelAdmin):  # type: ignore[type-arg, misc, unused-ignore]
     """Every recorded change of every job (copied from Redis by ``zsched_drain``)."""
 
     list_display = ("at", "job_id", "action", "actor_kind", "actor_name", "changes",
