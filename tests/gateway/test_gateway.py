@@ -41,7 +41,7 @@ def test_a_long_poll_with_nothing_due_answers_204_after_the_timeout(
     with served.client() as client:
         res = client.get("/jobs/next")
     assert res.status_code == 204
-    assert 0.45 <= elapsed(start) < 1.5
+    assert 0.45 <= elapsed(start) < 5  # honoured, not the 30 s default (CI once took 1.9 s)
 
 
 def test_a_due_job_is_handed_out_running_under_the_gateway_lease(
@@ -119,9 +119,10 @@ def test_a_job_falling_due_wakes_a_waiting_poll_within_100ms(serve: Callable[...
         assert res.status_code == 200 and res.json()["id"] == f"later{n}"
         # Redis' clock and this host's are the same machine's here.
         lateness.append(answered * 1000 - due)
-    # About 100 ms is the promise (5 ms is typical); a loaded CI machine gets some slack.
-    assert all(-5 <= late < 250 for late in lateness), lateness
-    assert sorted(lateness)[1] < 100, lateness
+    # About 100 ms is the promise (5 ms is typical; benchmarks/gateway.py measures
+    # p50 and p99). Here: woken, not timed out, with slack for a loaded CI machine.
+    assert all(-5 <= late < 1000 for late in lateness), lateness
+    assert sorted(lateness)[1] < 150, lateness
 
 
 def test_run_now_wakes_a_waiting_poll_at_once(serve: Callable[..., Served]) -> None:
@@ -135,7 +136,7 @@ def test_run_now_wakes_a_waiting_poll_at_once(serve: Callable[..., Served]) -> N
     store.run_now("far")
     res, answered = future.result(10)
     assert res.status_code == 200 and res.json()["id"] == "far"
-    assert answered - asked < 0.25
+    assert answered - asked < 1.0  # woken by the channel, not by the 5 s timeout
 
 
 def test_a_queue_filter_takes_only_that_queues_jobs(serve: Callable[..., Served]) -> None:
@@ -172,7 +173,7 @@ def test_a_shutting_down_server_answers_waiting_and_new_polls_503(
     served.dispatcher.begin_shutdown_threadsafe()
     res, _ = future.result(5)
     assert res.status_code == 503 and res.headers["Retry-After"]
-    assert elapsed(start) < 1
+    assert elapsed(start) < 3  # at once, not after the 10 s timeout
     with served.client() as client:
         assert client.get("/jobs/next").status_code == 503
 
@@ -342,7 +343,7 @@ def test_an_unreported_job_comes_back_after_its_lease(serve: Callable[..., Serve
     first = _take(served)
     start = time.monotonic()
     again = _take(served)  # waits for the lease to end and the reaper to bring it back
-    assert 0.9 <= elapsed(start) < 3.5
+    assert 0.9 <= elapsed(start) < 6
     assert (again["occurrence"], again["attempt"]) == (first["occurrence"], first["attempt"])
     assert again["deliveries"] == 2
     assert _state(served, "lost").crashes == 1
@@ -532,7 +533,7 @@ def test_a_zero_timeout_takes_a_due_job_or_answers_204_at_once(
     with served.client() as client:
         start = time.monotonic()
         assert client.get("/jobs/next", params={"timeout": 0}).status_code == 204
-        assert elapsed(start) < 0.5
+        assert elapsed(start) < 2  # at once, not after the 10 s timeout
         served.store.upsert(http_job("now"))
         res = client.get("/jobs/next", params={"timeout": 0})
     assert res.status_code == 200 and res.json()["id"] == "now"

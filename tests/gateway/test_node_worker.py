@@ -160,7 +160,8 @@ def test_a_node_worker_killed_mid_job_gets_its_job_back_after_the_lease(
     d.worker()
     wait(lambda: len(target.hits("/sleep/slow")) >= 2, 10, "the job to come back")
     back_after = target.hits("/sleep/slow")[1].at - killed
-    assert back_after < 2 + 1.5  # the lease (2 s) plus the reaper's second and a poll
+    # The lease (2 s) plus the reaper's second and a poll, with slack for a loaded CI.
+    assert back_after < 2 + 4
     state = d.store.get("slow").state
     assert state.crashes == 1 and state.occurrence == claimed.state.occurrence
     assert state.publishes == 2
