@@ -203,8 +203,11 @@ def test_a_hanging_receiver_does_not_delay_the_worker_hook(
                 for n in range(1, 21)]
     with_webhook, baseline = hook_times(app, store), hook_times(quiet, quiet_store)
     extra_ms = (statistics.median(with_webhook) - statistics.median(baseline)) * 1000
-    assert extra_ms < 3, (extra_ms, with_webhook, baseline)
-    assert max(with_webhook) < 0.05, with_webhook
+    # Waiting on the webhook would cost its 0.5 s timeout (or the 10 s hang) per
+    # call; the bounds tell that apart with room for a loaded CI machine (the
+    # medians differ by under 1 ms when idle).
+    assert extra_ms < 25, (extra_ms, with_webhook, baseline)
+    assert max(with_webhook) < 0.4, with_webhook
     assert len(webhook_receiver.posts) == 1  # still hanging: the hooks never waited for it
 
 
@@ -227,7 +230,7 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking(store: Store) -> None
             notifier.enqueue(job_event(n))
             took.append(time.perf_counter() - began)
         assert notifier.stats.dropped == 7 and notifier.stats.queued == 4
-        assert max(took) < 0.01, took
+        assert max(took) < 0.2, took  # blocking would wait out the stuck 10 s send
     finally:
         release.set()
         assert notifier.close()
