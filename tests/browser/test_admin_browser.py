@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,8 @@ import pytest
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
+from tests.browser.conftest import CHROMIUM
 
-CHROMIUM = Path("/usr/bin/chromium")
-# Everything that would reach out of the machine is off: no network but loopback here.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "admin.png"
 
 pytestmark = [
@@ -34,25 +29,6 @@ pytestmark = [
                        reason="needs Debian's chromium at /usr/bin/chromium "
                               "(apt-get install chromium)"),
 ]
-
-
-@pytest.fixture
-def page(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A Chromium page, 1400 px wide, with short timeouts (everything here is local)."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API keeps an event loop on this thread, which Django
-    # takes for async code and so refuses the test's own ORM calls. They are
-    # plain blocking calls between page steps, which is safe.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        context.set_default_timeout(15_000)
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-            browser.close()
 
 
 def seed_fleet(store: Store) -> None:

@@ -15,9 +15,8 @@ from django.utils import timezone
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
-from tests.browser.test_admin_browser import CHROMIUM, page, seed_fleet
-
-__all__ = ["page"]  # the Chromium fixture, shared with test_admin_browser.py
+from tests.browser.conftest import CHROMIUM
+from tests.browser.test_admin_browser import seed_fleet
 
 pytestmark = [
     pytest.mark.slow,

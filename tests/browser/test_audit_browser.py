@@ -10,9 +10,7 @@ import pytest
 
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
-from tests.browser.test_admin_browser import CHROMIUM, page
-
-__all__ = ["page"]  # the Chromium page fixture, shared with the admin tour
+from tests.browser.conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.slow,

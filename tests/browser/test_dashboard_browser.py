@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,10 @@ from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
 from celery_zsched.job import Job
 from celery_zsched.store import Store
+from tests.browser.conftest import CHROMIUM
 from tests.dead_letters import dead_job, kill
 from tests.helpers import settle_all
 
-CHROMIUM = Path("/usr/bin/chromium")
-# Everything that would reach out of the machine is off: no network but loopback here.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 HOUR_MS = 3_600_000
 
@@ -62,21 +57,9 @@ class Watched:
 
 
 @pytest.fixture
-def watched(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Watched]:
-    """A logged-in-ready Chromium page, 1400 px wide, with short timeouts."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API keeps an event loop on this thread; the test's own
-    # ORM calls between page steps are plain blocking calls, which is safe.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        context.set_default_timeout(15_000)
-        try:
-            yield Watched(context.new_page())
-        finally:
-            context.close()
-            browser.close()
+def watched(page: Any) -> Watched:
+    """The browser conftest's Chromium page, watched from its first request."""
+    return Watched(page)
 
 
 @pytest.fixture
