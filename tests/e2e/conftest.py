@@ -253,17 +253,28 @@ class Proc:
         Returns once none of them can run any more (the descendants, orphaned,
         may stay zombies until init reaps them); returns their pids.
         """
+        tree = self.kill_tree()
+        self.wait_dead(tree)
+        return [child.pid for child in tree]
+
+    def kill_tree(self) -> list[psutil.Process]:
+        """Send SIGKILL to it and all its descendants (stopped first, so it cannot fork
+        a replacement child meanwhile); none of them runs another instruction, but
+        their death is not waited for (:meth:`wait_dead`)."""
         self.expect_alive = False
         main = psutil.Process(self.pid)
         main.suspend()
-        tree = main.children(recursive=True)
+        tree: list[psutil.Process] = main.children(recursive=True)
         for process in [main, *tree]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+        return tree
+
+    def wait_dead(self, tree: list[psutil.Process]) -> None:
+        """Until it and the descendants :meth:`kill_tree` killed can no longer run."""
         self.popen.wait(10)
         wait_for(lambda: not any(_can_run(child) for child in tree), 10,
                  f"the processes of {self.name} to die", interval=0.01)
-        return [child.pid for child in tree]
 
     def stop(self) -> int:
         """SIGTERM it (a clean shutdown), wait for it, and return its exit code."""

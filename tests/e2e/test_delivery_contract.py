@@ -316,12 +316,16 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
             wait_ready(d, worker)
             time.sleep(rng.uniform(1.0, 3.0))
             at, killed_ms = time.monotonic(), d.store.now_ms()
-            worker.crash()
+            # The snapshot does not wait for the killed processes to be reaped (on
+            # a loaded CI machine that wait alone outlasted the bound below): once
+            # SIGKILL is sent none of them sends another command.
+            tree = worker.kill_tree()
             # Redis may still be applying a command the worker sent before it died.
             time.sleep(0.1)
             running = running_executions(d)
             # Leases are extended to 2 s every 2/3 s: none of its leases has run out yet.
             assert d.store.now_ms() - killed_ms < LEASE_S * 1000 / 2, "snapshot too late"
+            worker.wait_dead(tree)
             kills.append(Kill(worker.name, at, frozenset(running - seen)))
             seen |= running
 
