@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,18 +94,27 @@ def __getattr__(name: str) -> Any:
 
 # ------------------------------------------------------------------ server
 class Server:
-    """``celery -A gateway:app zsched serve`` in a process (and session) of its own."""
+    """``celery -A gateway:app zsched serve`` in a process (and session) of its own.
 
-    def __init__(self, redis_url: str, logdir: str, events_maxlen: int) -> None:
+    ``prefix`` and ``tokens`` (``token:scope`` pairs) are the server's
+    ``ZSCHED_*`` settings; ``env`` adds variables (``DJANGO_SETTINGS_MODULE`` and
+    the like: the caller's own ``ZSCHED_``, ``CELERY_`` and ``DJANGO_`` ones are
+    dropped); ``name`` names the log file.
+    """
+
+    def __init__(self, redis_url: str, logdir: str, events_maxlen: int, *,
+                 prefix: str = PREFIX, tokens: str = f"{TOKEN}:worker",
+                 env: dict[str, str] | None = None, name: str = "serve") -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         keep = {k: v for k, v in os.environ.items()
                 if not k.startswith(("ZSCHED_", "CELERY_", "DJANGO_"))}
-        env = {**keep, "PYTHONPATH": os.pathsep.join([str(HERE), keep.get("PYTHONPATH", "")]),
-               "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": PREFIX,
-               "ZSCHED_API_TOKENS": f"{TOKEN}:worker", "ZSCHED_MAX_JITTER_S": "0",
-               "ZSCHED_EVENTS_MAXLEN": str(events_maxlen)}
-        self.log_path = Path(logdir) / "serve.log"
+        paths = [str(HERE), str(HERE.parent), keep.get("PYTHONPATH", "")]
+        env = {**keep, "PYTHONPATH": os.pathsep.join(paths),
+               "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
+               "ZSCHED_API_TOKENS": tokens, "ZSCHED_MAX_JITTER_S": "0",
+               "ZSCHED_EVENTS_MAXLEN": str(events_maxlen), **(env or {})}
+        self.log_path = Path(logdir) / f"{name}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "gateway:app", "zsched", "serve",
@@ -516,13 +526,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.monotonic()
-
+def stamped_log(started: float) -> Callable[[str], None]:
+    """A log to stderr, each line stamped with the seconds since ``started`` (monotonic)."""
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - started:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    return log
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    log = stamped_log(started)
     # Turn SIGTERM into an exception so the finally block stops every process.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logdir = tempfile.mkdtemp(prefix="zsched-gateway-bench-")

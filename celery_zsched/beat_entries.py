@@ -14,7 +14,7 @@ from .errors import ConfigurationError, ValidationError
 from .job import _ID_RE, Defaults, Job
 
 logger = logging.getLogger("celery_zsched")
-_OPTIONS = ("queue", "routing_key", "priority", "expires")
+_OPTIONS = ("queue", "routing_key", "priority", "expires", "transport")
 
 
 # (lowest, highest) value of each cron field, in cron's field order.

@@ -1,4 +1,4 @@
-"""``celery -A proj zsched serve [--host --port]``: the HTTP job gateway.
+"""``celery -A proj zsched serve [--host --port]``: the HTTP job gateway and REST API.
 
 Attached to the ``zsched`` group at the end of :mod:`celery_zsched.cli`, whose
 error handling (one-line messages, exit codes) it shares. The server is in
@@ -8,6 +8,7 @@ error handling (one-line messages, exit codes) it shares. The server is in
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING, cast
 
 import click
 from celery.bin.base import CeleryCommand
@@ -15,6 +16,9 @@ from celery.bin.base import CeleryCommand
 from . import notify
 from .cli import EX_CONFIG, EX_UNAVAILABLE, _app, _echo, _errors, _fail, _store
 from .config import api_token_scopes
+
+if TYPE_CHECKING:
+    from .server.writer import WriterChoice
 
 
 @click.command(cls=CeleryCommand)
@@ -25,12 +29,17 @@ from .config import api_token_scopes
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               help="uvicorn's log level.")
+@click.option("--writer", type=click.Choice(["auto", "store", "django"]), default="auto",
+              show_default=True,
+              help="Where the REST API writes definitions: the Django models (auto: when "
+                   "celery_zsched.contrib.django is installed) or the Redis store.")
 @click.pass_context
 @_errors
-def serve(ctx: click.Context, host: str, port: int, log_level: str) -> None:
-    """Serve the job gateway (GET /jobs/next, POST /jobs/{id}/complete|error) until stopped."""
+def serve(ctx: click.Context, host: str, port: int, log_level: str, writer: str) -> None:
+    """Serve the job gateway (/jobs/next, reports) and the REST API (/v1/jobs) until stopped."""
     try:
         from .server.runner import serve as run  # FastAPI and uvicorn: the server extra
+        from .server.writer import choose
     except ImportError as exc:
         _fail(f"zsched serve needs FastAPI and uvicorn ({exc}): "
               "pip install 'celery-zsched[server]'", EX_CONFIG)
@@ -43,12 +52,16 @@ def serve(ctx: click.Context, host: str, port: int, log_level: str) -> None:
             pass
     except OSError as exc:
         _fail(f"cannot listen on {host}:{port}: {exc}", EX_UNAVAILABLE)
-    _echo(ctx, f"serving the zsched job gateway on http://{host}:{port} (prefix "
+    # In a Django project the row is the definition: writing Redis alone would be
+    # undone by the next reconcile.
+    job_writer, which = choose(store, cast("WriterChoice", writer))
+    _echo(ctx, which)
+    _echo(ctx, f"serving the zsched job gateway and REST API on http://{host}:{port} (prefix "
                f"{store.base.prefix}); Ctrl-C stops")
     # The notifiers hear the server's settles and reaps, as a worker's and beat's.
     app = _app(ctx)
     notify.install(app)
     try:
-        run(store, host, port, log_level=log_level, sender=app)
+        run(store, host, port, log_level=log_level, sender=app, writer=job_writer)
     finally:
         notify.close_all()

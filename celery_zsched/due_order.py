@@ -55,17 +55,6 @@ def due_times(store: Store, ids: Sequence[str]) -> list[int | None]:
 
     One pipeline: one ZMSCORE per partition.
     """
-    if not ids:
-        return []
-    groups = store.group(ids)
-    with redis_unavailable():
-        pipe = store.client.pipeline(transaction=False)
-        for part, members in groups.items():
-            pipe.zmscore(store.parts[part].schedule, members)
-        replies = pipe.execute()
-    found: dict[str, int] = {}
-    for members, scores in zip(groups.values(), replies, strict=True):
-        for job_id, score in zip(members, scores, strict=True):
-            if score is not None:
-                found[job_id] = int(score)
-    return [found.get(job_id) for job_id in ids]
+    scores = store.per_job(
+        ids, lambda pipe, keys, members: pipe.zmscore(keys.schedule, members))
+    return [None if score is None else int(score) for score in scores]

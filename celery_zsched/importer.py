@@ -114,12 +114,18 @@ def iter_rows(path: str | Path, fmt: str | None = None, *,
     returns; errors in its content are raised as iteration reaches them.
     """
     fmt = detect_format(path, fmt)
-    text = _read_text(Path(path), max_bytes)
+    return text_rows(_read_text(Path(path), max_bytes), fmt)
+
+
+def text_rows(text: str, fmt: str) -> Iterator[Row]:
+    """The rows of ``text``, a whole file's content in format ``fmt`` (as :func:`iter_rows`)."""
     if fmt == "json":
         return _json_rows(text)
     if fmt == "jsonl":
         return _jsonl_rows(text)
-    return _csv_rows(text)
+    if fmt == "csv":
+        return _csv_rows(text)
+    raise ValidationError("format", fmt, f"must be one of {', '.join(FORMATS)}")
 
 
 def _read_text(path: Path, max_bytes: int) -> str:
@@ -135,12 +141,17 @@ def _read_text(path: Path, max_bytes: int) -> str:
         raise FileError("file", str(path), f"cannot be read: {exc.strerror or exc}") from exc
     if len(raw) > max_bytes:
         raise FileError("file", str(path), f"is over the limit of {max_bytes} bytes")
+    return decode_text(raw, str(path))
+
+
+def decode_text(raw: bytes, name: str) -> str:
+    """A file's bytes as text; :class:`FileError` naming ``name`` and the line if not UTF-8."""
     try:
         # utf-8-sig: spreadsheet programs put a BOM in front of CSV exports.
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise FileError("file", str(path), f"is not UTF-8 at line {line} (byte {exc.start})",
+        raise FileError("file", name, f"is not UTF-8 at line {line} (byte {exc.start})",
                         row=line) from exc
 
 

@@ -47,6 +47,13 @@ def job_id_for_url(url: str) -> str:
     return hashlib.sha1(url.encode("utf-8")).hexdigest()[:12]
 
 
+def definition_tag(stored: str | bytes) -> str:
+    """The SHA-1 (hex) of a stored definition, as ``redis.sha1hex`` computes it: what a
+    compare-and-set edit expects (:meth:`Store.upsert`) and the REST API's ETag."""
+    raw = stored.encode("utf-8") if isinstance(stored, str) else stored
+    return hashlib.sha1(raw).hexdigest()
+
+
 @dataclass(frozen=True)
 class Defaults:
     """What a definition inherits when it leaves a field out."""

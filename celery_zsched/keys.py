@@ -173,6 +173,11 @@ class Keys:
         """List, on the base prefix: the notices held for the open digest (JSON, capped)."""
         return self._k("notify:held")
 
+    def idempotency(self, digest: str) -> str:
+        """String, on the base prefix: the first answer to a REST call with an
+        ``Idempotency-Key`` (JSON; expires), by a digest of token, route and key."""
+        return self._k(f"idem:{digest}")
+
     @property
     def audit(self) -> str:
         """Capped stream of changes to job definitions and states (the audit trail)."""

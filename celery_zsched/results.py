@@ -92,6 +92,8 @@ class JobInfo:
     lease_until_ms: int | None
     paused: bool
     state: RuntimeState = field(default_factory=RuntimeState)
+    #: :func:`~celery_zsched.job.definition_tag` of the stored definition.
+    tag: str = ""
 
     @property
     def next_run_ms(self) -> int | None:
@@ -107,6 +109,8 @@ class ImportReport:
     created: int = 0
     updated: int = 0
     rescheduled: int = 0
+    #: Rows not written because their ``expect`` did not hold (see :meth:`Store.upsert`).
+    skipped: int = 0
     seconds: float = 0.0
 
 

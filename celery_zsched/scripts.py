@@ -149,7 +149,7 @@ UPSERT = ScriptSpec(
                "http_schedule", "http_wake"),
     args=("static", *AUDIT_ARGS),
     group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain",
-           "transport"),
+           "transport", "expect"),
     reply=_counts)
 CLAIM = ScriptSpec(
     "claim", ("schedule", "queued", "leases", "state", "defs", "counters", "domains",

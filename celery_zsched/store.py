@@ -25,7 +25,7 @@ from .config import Settings
 from .connection import is_cluster, redis_client
 from .domains import DomainInfo, domain_sort_key, info_from, normalise_domain
 from .errors import JobNotFound, LayoutMismatch, redis_unavailable
-from .job import Defaults, Job
+from .job import Defaults, Job, definition_tag
 from .keys import Keys, partition_of
 from .results import (
     TASK_ID_NAMESPACE,
@@ -315,19 +315,25 @@ class Store:
 
     # ----------------------------------------------------------------- writes
     def upsert(self, job: Job, *, static: bool = False, by: Actor | None = None,
-               note: str = "") -> ImportReport:
+               note: str = "", expect: str = "") -> ImportReport:
         """Store one job. A new job first runs now (cron: its next slot).
 
         The change is recorded in the audit trail as made ``by`` (default: ``api``).
+        ``expect`` makes the write conditional, checked atomically with it:
+        ``"absent"`` (no job of this id yet: a create) or the :func:`definition_tag`
+        of the definition it replaces (compare-and-set). When it does not hold,
+        nothing is written and the report counts the job as ``skipped``.
         """
-        return self.upsert_many([job], stagger=False, static=static, by=by, note=note)
+        return self.upsert_many([job], stagger=False, static=static, by=by, note=note,
+                                expect={job.id: expect} if expect else None)
 
     @_unavailable
     def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
                     total: int | None = None,
                     progress: Callable[[int], None] | None = None,
                     first_due: dict[str, int | None] | None = None,
-                    by: Actor | None = None, note: str = "") -> ImportReport:
+                    by: Actor | None = None, note: str = "",
+                    expect: Mapping[str, str] | None = None) -> ImportReport:
         """Store many jobs, pipelined in chunks; new jobs' first runs are staggered.
 
         Job ``i`` of ``total`` first runs at ``now + i/total * interval + jitter``,
@@ -337,6 +343,8 @@ class Store:
         run of the jobs it names, e.g. to continue another scheduler's timeline.
         Each created or changed job is recorded in the audit trail as changed
         ``by`` (default: ``api``), with ``note``; an unchanged one records nothing.
+        ``expect`` (id -> condition) makes the writes of the jobs it names
+        conditional, as for :meth:`upsert`.
         """
         if total is None:
             jobs = list(jobs)
@@ -372,7 +380,8 @@ class Store:
                 chunk.append((job.id, job.to_json(), "" if due is None else str(due),
                               "1" if job.enabled else "0", job.timing_signature, gap,
                               job.pacing_domain(self.settings) or "",
-                              "h" if job.transport == "http" else ""))
+                              "h" if job.transport == "http" else "",
+                              expect.get(job.id, "") if expect else ""))
                 if len(chunk) >= self.settings.import_chunk:
                     # Redis runs this chunk while the loop builds the next one.
                     for rows, result in send(part, chunk):
@@ -403,7 +412,8 @@ class Store:
     def _tally(result: Sequence[int], report: ImportReport, done: int,
                progress: Callable[[int], None] | None) -> int:
         """Add one chunk's counts to ``report``; ``done`` rows are stored so far."""
-        created, updated, rescheduled = result
+        created, updated, rescheduled, skipped = result
+        report.skipped += skipped
         report.created += created
         report.updated += updated
         report.rescheduled += rescheduled
@@ -534,7 +544,7 @@ class Store:
                     status=state.status,
                     due_ms=int(dues[i]) if dues[i] is not None else None,
                     lease_until_ms=_first_score(leases[i], queued[i]),
-                    paused=bool(paused[i]), state=state)
+                    paused=bool(paused[i]), state=state, tag=definition_tag(raw))
         return [found.get(job_id) for job_id in ids]
 
     @_unavailable
@@ -991,6 +1001,23 @@ class Store:
                 return "retrying", retry, occurrence, attempt + 1
         next_due = job.next_regular_ms(now, self.settings, self.rng)
         return _LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1
+
+    @_unavailable
+    def per_job(self, ids: Sequence[str], command: Callable[[Any, Keys, list[str]], None]
+                ) -> list[Any]:
+        """One value per id, in one pipeline: ``command(pipe, keys, members)`` queues one
+        command per partition that answers a list, one value per member (ZMSCORE,
+        SMISMEMBER, HMGET)."""
+        if not ids:
+            return []
+        groups = self.group(ids)
+        pipe = self.client.pipeline(transaction=False)
+        for part, members in groups.items():
+            command(pipe, self.parts[part], members)
+        found = {job_id: value
+                 for members, values in zip(groups.values(), pipe.execute(), strict=True)
+                 for job_id, value in zip(members, values, strict=True)}
+        return [found[job_id] for job_id in ids]
 
     @_unavailable
     def states(self, ids: Sequence[str]) -> list[RuntimeState | None]:

@@ -2,7 +2,7 @@
 
     python example_project/demo.py [--port 8000] [--seconds N] [--no-install]
 
-1. Installs celery-zsched with the ``django`` extra (editable, from this
+1. Installs celery-zsched with the ``django`` and ``server`` extras (editable, from this
    checkout) and ``celery[redis]`` (the example's broker) into the active
    virtualenv; outside a virtualenv it creates ``example_project/.venv`` and
    installs there (never into the system Python). Skipped when everything is
@@ -15,7 +15,8 @@
 4. Starts ``runserver 127.0.0.1:8000`` (the admin), ``manage.py
    serve_targets`` (the fake sites the jobs fetch, on 127.0.0.2, .3 and
    .10-.33, port 8000: each host is one domain to the per-domain pacing), a
-   Celery worker and ``celery beat -S celery_zsched``, prints where to log in,
+   Celery worker, ``celery beat -S celery_zsched`` and ``zsched serve`` (the
+   REST API, writing the admin's rows), prints where to log in,
    how to watch the domains, and a status line every 15 s. Ctrl-C stops
    everything.
 """
@@ -40,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEMO_VENV = HERE / ".venv"
 NEEDED = ("celery_zsched", "django", "django_redis", "cron_descriptor", "celery", "redis",
-          "packaging")
+          "packaging", "fastapi", "uvicorn")
 STATUS_EVERY_S = 15.0
 
 
@@ -74,12 +75,12 @@ def ensure_installed(args: argparse.Namespace) -> None:
             say(f"not in a virtualenv: creating {DEMO_VENV}")
             venv.EnvBuilder(with_pip=True).create(DEMO_VENV)
     if installed(python):
-        say(f"celery-zsched[django] already installed in {python.parent.parent}")
+        say(f"celery-zsched[django,server] already installed in {python.parent.parent}")
     else:
-        say(f"installing celery-zsched[django] from {REPO} into {python.parent.parent}")
+        say(f"installing celery-zsched[django,server] from {REPO} into {python.parent.parent}")
         # celery[redis]: the example's broker is Redis, and kombu's Redis
         # transport needs that extra (it imports packaging).
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", f"{REPO}[django]",
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", f"{REPO}[django,server]",
                         "celery[redis]"], check=True)
     # A fresh interpreter: an editable install is only importable after a restart.
     argv = [str(python), str(Path(__file__).resolve()), "--no-install", *sys.argv[1:]]
@@ -233,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
                     workdir / "worker.log", env)
         procs.start("beat", [*celery, "beat", "-S", "celery_zsched", "-l", "info",
                              "-s", str(workdir / "beat-schedule")], workdir / "beat.log", env)
+        api_port = free_port()
+        api = procs.start("api", [*celery, "zsched", "serve", "--port", str(api_port),
+                                  "--log-level", "warning"], workdir / "api.log", env)
+        wait_for_port(api_port, api, "zsched serve", workdir / "api.log")
 
         base = f"http://127.0.0.1:{args.port}"
         own = "" if "REDIS_URL" in os.environ else "  (throwaway: gone when the demo stops)"
@@ -247,8 +252,11 @@ def run(args: argparse.Namespace) -> int:
             flaky {FLAKY_HOST}: down (503) at first, then it recovers)
   domains   {base}/admin/zsched/zschedjob/domains/
             or  {domains}
+  REST API  curl -H 'Authorization: Bearer demo-read-token-00001' \\
+                 'http://127.0.0.1:{api_port}/v1/jobs?limit=3&status=scheduled'
+            (writes: demo-write-token-0001; it writes the admin's rows)
   redis     {redis_url}{own}
-  logs      {workdir}/{{runserver,targets,worker,beat}}.log
+  logs      {workdir}/{{runserver,targets,worker,beat,api}}.log
 
   Run history reaches the admin every 15 s (the drain_history task).
   Ctrl-C stops everything.

@@ -50,6 +50,24 @@ def url_job(n: int = 0, host: str = "a.example", **extra: Any) -> Job:
                           "name": f"page {n}", "queue": "scrapes", **extra})
 
 
+def started_then_lost(store: Store, count: int = 1000) -> list[str]:
+    """``count`` URL jobs on 50 hosts, each started once and its worker "dead": the ids
+    the reap dead-letters (what beat then signals). Needs ``max_deliveries`` 1 and a
+    ``lease_s`` under 0.1 s."""
+    jobs = [Job.from_dict({"url": f"http://s{i % 50}.example/{i}", "interval_s": 3600,
+                           "jitter_s": 0}) for i in range(count)]
+    store.upsert_many(jobs, stagger=False)
+    store.run_now(*(job.id for job in jobs))
+    batch = store.claim(count).jobs
+    assert len(batch) == count
+    for c in batch:
+        assert store.start(c.job.id, c.occurrence, c.attempt).runs
+    time.sleep(0.1)  # every execution lease runs out
+    reaped = store.reap()
+    assert reaped.dead == count
+    return reaped.dead_ids
+
+
 def claim_one(store: Store, job: Job) -> Claimed:
     """Make ``job`` due now and claim it."""
     store.upsert(job)

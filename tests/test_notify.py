@@ -17,10 +17,17 @@ from celery_zsched import notify, signals
 from celery_zsched.appstore import store_for_app
 from celery_zsched.config import Settings
 from celery_zsched.errors import ConfigurationError
-from celery_zsched.job import Job
 from celery_zsched.notify import DeliveryFailed, Message, Notifier, Webhook
 from celery_zsched.store import Store
-from tests.notify_helpers import MakeApp, claim_one, fail_in_worker, job_event, url_job, wait_until
+from tests.notify_helpers import (
+    MakeApp,
+    claim_one,
+    fail_in_worker,
+    job_event,
+    started_then_lost,
+    url_job,
+    wait_until,
+)
 from tests.webhook_receiver import Receiver, verify
 
 pytest_plugins = ["tests.notify_fixtures"]
@@ -110,19 +117,9 @@ def test_a_thousand_dead_letters_within_a_minute_send_a_digest_not_a_thousand_po
                        # All 1,000 pass notify.lua within the window, even loaded.
                        notify_digest_threshold=20, notify_digest_window_s=5)
     store = store_for_app(app)
-    jobs = [Job.from_dict({"url": f"http://s{i % 50}.example/{i}", "interval_s": 3600,
-                           "jitter_s": 0}) for i in range(1000)]
-    store.upsert_many(jobs, stagger=False)
-    store.run_now(*(job.id for job in jobs))
-    batch = store.claim(1000).jobs
-    assert len(batch) == 1000
-    for c in batch:
-        assert store.start(c.job.id, c.occurrence, c.attempt).runs
-    time.sleep(0.1)  # every execution lease runs out: 1,000 workers "died"
-    reaped = store.reap()
-    assert reaped.dead == 1000
+    dead_ids = started_then_lost(store, 1000)  # 1,000 workers "died"
     began = time.perf_counter()
-    signals.after_reap(app, store, reaped.dead_ids)  # what beat does after its reap
+    signals.after_reap(app, store, dead_ids)  # what beat does after its reap
     signalled_s = time.perf_counter() - began
     posts = webhook_receiver.wait(21, timeout=15)
     time.sleep(0.3)

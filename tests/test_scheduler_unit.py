@@ -22,6 +22,7 @@ from celery_zsched import audit
 from celery_zsched.audit import Actor
 from celery_zsched.beat_entries import job_from_entry, static_job_id
 from celery_zsched.config import Settings
+from celery_zsched.errors import ConfigurationError
 from celery_zsched.job import Defaults, Job
 from celery_zsched.scheduler import ZSchedScheduler
 from celery_zsched.store import Store, task_id_for
@@ -366,3 +367,14 @@ def test_crontab_with_lists_of_numbers_becomes_a_cron_expression() -> None:
     job = job_from_entry("office hours", entry, Defaults())
     assert (job.cron, job.day_rule) == ("0,30 9-11 * * 1-5", "and")
     assert (job.id, job.name) == (static_job_id("office hours"), "office hours")
+
+
+def test_a_beat_schedule_entry_sets_its_transport_in_options(store: Store) -> None:
+    entry = {"task": "tests.t", "schedule": 60, "options": {"transport": "http", "queue": "eu"}}
+    job = job_from_entry("for go workers", entry, Defaults())
+    assert (job.transport, job.queue) == ("http", "eu")
+    store.upsert(job, static=True)
+    assert store.client.zscore(store.keys.http_schedule, job.id) is not None
+    assert store.client.zscore(store.keys.schedule, job.id) is None  # beat never sees it
+    with pytest.raises(ConfigurationError, match=r"beat_schedule\['bad'\]\.transport"):
+        job_from_entry("bad", {**entry, "options": {"transport": "smtp"}}, Defaults())

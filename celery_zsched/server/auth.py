@@ -69,3 +69,10 @@ def require(needed: str | None) -> Callable[[Request], Awaitable[str]]:
         tokens: Tokens = request.app.state.tokens
         return tokens.check(request.headers.get("authorization"), needed)
     return dependency
+
+
+def token_fingerprint(request: Request) -> str:
+    """A name for the request's token that does not reveal it: 12 hex digits of its
+    SHA-256 (what the audit trail records as who made an API change)."""
+    _, _, token = request.headers.get("authorization", "").partition(" ")
+    return _digest(token.strip()).hex()[:12]

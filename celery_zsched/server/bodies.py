@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,25 +52,31 @@ class ErrorReport(CompleteReport):
 async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The request body; ``413`` as soon as it passes ``limit`` bytes (never read whole)."""
     declared = request.headers.get("content-length", "")
+    too_large = Problem(413, "body too large", f"this request's body is at most {limit} bytes")
     if declared.isdigit() and int(declared) > limit:
-        raise Problem(413, "body too large", f"a report is at most {limit} bytes")
+        raise too_large
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise Problem(413, "body too large", f"a report is at most {limit} bytes")
+            raise too_large
     return bytes(body)
 
 
-async def read_model(request: Request, model: type[M]) -> M:
-    """The body parsed as ``model``; ``400`` naming the field (or ``body``) otherwise."""
-    raw = await read_body(request)
+def json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object; ``400`` naming ``body`` otherwise."""
     try:
         data = json.loads(raw) if raw.strip() else None
     except (ValueError, RecursionError) as exc:
         raise bad_field("body", f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise bad_field("body", "must be a JSON object")
+    return data
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    """The body parsed as ``model``; ``400`` naming the field (or ``body``) otherwise."""
+    data = json_object(await read_body(request))
     try:
         return model.model_validate(data)
     except PydanticError as exc:

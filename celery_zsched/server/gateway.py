@@ -24,6 +24,8 @@ from ..telemetry import log_event
 from .auth import require
 from .bodies import CompleteReport, ErrorReport, HeartbeatReport, read_model
 from .dispatcher import Dispatcher, ShuttingDown, StoreDown
+from .gateway_views import Extended, JobOffer, NotExtended, NotSettled, Settled
+from .jobs import JobId
 from .lease import Lease, LeaseSigner
 from .problems import Problem, bad_field
 
@@ -49,16 +51,15 @@ class Gateway:
         """What a worker gets: the job, and the lease it echoes back."""
         job = claimed.job
         lease = Lease(job.id, claimed.occurrence, claimed.attempt)
-        body: dict[str, Any] = {
-            "id": job.id, "url": job.url, "interval_s": job.interval_s, "cron": job.cron,
-            "timezone": job.timezone, "meta": job.meta, "queue": job.queue, "task": job.task,
-            "args": job.args, "kwargs": job.kwargs,
-            "occurrence": claimed.occurrence, "attempt": claimed.attempt,
-            "deliveries": claimed.deliveries,
-            "lease": self.signer.token(lease), "lease_s": self.lease_s,
-            "scheduled_at": claimed.due_ms, "picked_up_at": claimed.promoted_ms,
-        }
-        return body
+        return JobOffer(
+            id=job.id, url=job.url, interval_s=job.interval_s, cron=job.cron,
+            timezone=job.timezone, meta=job.meta, queue=job.queue, task=job.task,
+            args=job.args, kwargs=job.kwargs,
+            occurrence=claimed.occurrence, attempt=claimed.attempt,
+            deliveries=claimed.deliveries,
+            lease=self.signer.token(lease), lease_s=self.lease_s,
+            scheduled_at=claimed.due_ms, picked_up_at=claimed.promoted_ms,
+        ).model_dump(mode="json")
 
     def lease_of(self, job_id: str, token: str) -> Lease:
         """The lease a report holds on ``job_id``; ``400`` if the token is not one.
@@ -96,7 +97,7 @@ async def _disconnected(request: Request) -> None:
 @router.get(
     "/jobs/next",
     summary="Long-poll for one due job",
-    responses={200: {"description": "A job, with the lease to echo back"},
+    responses={200: {"description": "A job, with the lease to echo back", "model": JobOffer},
                204: {"description": "No job fell due before the timeout"},
                503: {"description": "Shutting down, or Redis is unreachable (see Retry-After)"}})
 async def next_job(
@@ -146,14 +147,18 @@ async def _take_now(gateway: Gateway, queue: str) -> Response:
     return JSONResponse(gateway.job_body(batch.jobs[0]))
 
 
+_NOT_SETTLED: dict[int | str, dict[str, Any]] = {
+    409: {"description": "Stale or repeated report: nothing changed", "model": NotSettled}}
+
+
 def _settled(result: SettleResult) -> JSONResponse:
     if result.applied:
-        return JSONResponse({"applied": True, "outcome": result.label, "status": result.status,
-                             "next_run_at": result.next_due_ms})
-    return JSONResponse(
-        {"applied": False, "reason": result.status,
-         "detail": "nothing changed: this lease was already reported, or its job was "
-                   "reaped, rescheduled, edited or deleted meanwhile"},
+        return JSONResponse(Settled(applied=True, outcome=result.label, status=result.status,
+                                    next_run_at=result.next_due_ms).model_dump())
+    return JSONResponse(NotSettled(
+        applied=False, reason=result.status,
+        detail="nothing changed: this lease was already reported, or its job was "
+               "reaped, rescheduled, edited or deleted meanwhile").model_dump(),
         status_code=409)
 
 
@@ -186,32 +191,34 @@ async def _settle(request: Request, job_id: str, report: CompleteReport, outcome
     return _settled(result)
 
 
-@router.post("/jobs/{job_id}/complete", summary="Report a job done",
+@router.post("/jobs/{job_id:path}/complete", summary="Report a job done",
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": CompleteReport.model_json_schema()}}}},
-             responses={409: {"description": "Stale or repeated report: nothing changed"}})
-async def complete(job_id: str, request: Request) -> JSONResponse:
+             response_model=Settled, responses=_NOT_SETTLED)
+async def complete(job_id: JobId, request: Request) -> JSONResponse:
     """Settle (compare-and-set): the job's next run is scheduled from now."""
     report = await read_model(request, CompleteReport)
     return await _settle(request, job_id, report, "complete")
 
 
-@router.post("/jobs/{job_id}/error", summary="Report a job failed",
+@router.post("/jobs/{job_id:path}/error", summary="Report a job failed",
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": ErrorReport.model_json_schema()}}}},
-             responses={409: {"description": "Stale or repeated report: nothing changed"}})
-async def error(job_id: str, request: Request) -> JSONResponse:
+             response_model=Settled, responses=_NOT_SETTLED)
+async def error(job_id: JobId, request: Request) -> JSONResponse:
     """Settle (compare-and-set): a retry with backoff, or the next regular run."""
     report = await read_model(request, ErrorReport)
     return await _settle(request, job_id, report, "error", error=report.error,
                          status=report.status, retry_after=report.retry_after)
 
 
-@router.post("/jobs/{job_id}/heartbeat", summary="Extend a job's lease",
+@router.post("/jobs/{job_id:path}/heartbeat", summary="Extend a job's lease",
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": HeartbeatReport.model_json_schema()}}}},
-             responses={409: {"description": "The lease is no longer held"}})
-async def heartbeat(job_id: str, request: Request) -> JSONResponse:
+             response_model=Extended,
+             responses={409: {"description": "The lease is no longer held: nothing changed",
+                              "model": NotExtended}})
+async def heartbeat(job_id: JobId, request: Request) -> JSONResponse:
     """The lease runs zsched_gateway_lease_s from now again, while the job is still running."""
     gateway = _gateway(request)
     report = await read_model(request, HeartbeatReport)
@@ -220,7 +227,7 @@ async def heartbeat(job_id: str, request: Request) -> JSONResponse:
         gateway.store.heartbeat, [(lease.job_id, lease.occurrence, lease.attempt)],
         lease_s=gateway.lease_s)
     if gone:
-        return JSONResponse({"extended": False, "detail": "this lease is no longer held: "
-                             "it was reported, or it ended and the job went back"},
-                            status_code=409)
-    return JSONResponse({"extended": True, "lease_s": gateway.lease_s})
+        return JSONResponse(NotExtended(extended=False, detail="this lease is no longer held: "
+                                        "it was reported, or it ended and the job went back")
+                            .model_dump(), status_code=409)
+    return JSONResponse(Extended(extended=True, lease_s=gateway.lease_s).model_dump())

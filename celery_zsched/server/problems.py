@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from ..errors import ValidationError
+
 PROBLEM_JSON = "application/problem+json"
 
 
@@ -34,3 +36,9 @@ class Problem(Exception):
 def bad_field(field: str, detail: str) -> Problem:
     """``400``: field ``field`` of the request is missing or malformed."""
     return Problem(400, "invalid request", f"{field}: {detail}", field=field)
+
+
+def invalid_job(exc: ValidationError) -> Problem:
+    """``400`` for a definition :meth:`Job.from_dict` refused: the field, and the row if any."""
+    extra: dict[str, Any] = {"row": exc.row} if exc.row is not None else {}
+    return Problem(400, "invalid job", str(exc), field=exc.field, **extra)

@@ -16,6 +16,7 @@ import uvicorn
 
 from ..store import Store
 from .app import create_app
+from .writer import JobWriter
 
 #: Longest uvicorn waits for requests in flight at shutdown.
 GRACEFUL_S = 10
@@ -49,13 +50,14 @@ def _log_events(level: str) -> None:
 
 
 def serve(store: Store, host: str, port: int, *, log_level: str = "info",
-          sender: Any = None) -> None:
+          sender: Any = None, writer: JobWriter | None = None) -> None:
     """Run the server on ``host:port`` until a signal stops it.
 
     ``sender``: the Celery app, whose notifiers hear the server's settles and reaps.
+    ``writer``: where the management API's changes go (default: the store).
     """
     _log_events(log_level)
-    app = create_app(store, sender=sender)
+    app = create_app(store, sender=sender, writer=writer)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACEFUL_S, lifespan="on",
                             access_log=False)

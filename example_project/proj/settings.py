@@ -132,6 +132,11 @@ CELERY_ZSCHED_DOMAIN_MAX_IN_FLIGHT = 1
 # pages fail and retry in a burst (three tries each) can pass 50 % for a minute.
 CELERY_ZSCHED_BREAKER_RATIO = 0.8
 
+# The REST API of `celery -A proj zsched serve` (demo.py starts it): a token per
+# scope. Demo values on a loopback port; a deployment sets its own secrets, e.g.
+# through ZSCHED_API_TOKENS.
+CELERY_ZSCHED_API_TOKENS = "demo-write-token-0001:write,demo-read-token-00001:read"
+
 # Static entries are imported into the zsched store when beat starts, so the
 # maintenance tasks run through the same scheduler as the scrape jobs.
 CELERY_BEAT_SCHEDULE = {

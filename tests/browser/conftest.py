@@ -47,3 +47,12 @@ def page(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         finally:
             context.close()
             browser.close()
+
+
+def log_in(page: Any, admin: str) -> None:
+    """Log in to the admin at ``admin`` as the ``admin_user`` fixture's admin/password."""
+    page.goto(admin)
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#site-name")

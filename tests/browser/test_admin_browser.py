@@ -19,7 +19,7 @@ import pytest
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
-from tests.browser.conftest import CHROMIUM
+from tests.browser.conftest import CHROMIUM, log_in
 
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "admin.png"
 
@@ -68,11 +68,7 @@ def test_a_person_fixes_a_bad_cron_and_pauses_the_job(
     admin = f"{live_server.url}/admin/"
 
     # 1. Log in.
-    page.goto(admin)
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#site-name")
+    log_in(page, admin)
 
     page.goto(admin + "zsched/zschedjob/")
     # The app sidebar folded away (remembered by the browser), so every column fits.

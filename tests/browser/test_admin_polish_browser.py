@@ -15,7 +15,7 @@ from django.utils import timezone
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
-from tests.browser.conftest import CHROMIUM
+from tests.browser.conftest import CHROMIUM, log_in
 from tests.browser.test_admin_browser import seed_fleet
 
 pytestmark = [
@@ -30,14 +30,6 @@ WIDTHS = """() => {
           results: [results.scrollWidth, results.clientWidth],
           nav: document.querySelector("#nav-sidebar").getBoundingClientRect().width};
 }"""
-
-
-def log_in(page: Any, admin: str) -> None:
-    page.goto(admin)
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#site-name")
 
 
 def test_the_job_list_and_runs_fit_1400_px_with_the_sidebar_open(

@@ -10,7 +10,7 @@ import pytest
 
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.store import Store
-from tests.browser.conftest import CHROMIUM
+from tests.browser.conftest import CHROMIUM, log_in
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,11 +25,7 @@ def test_a_person_pauses_with_a_note_and_finds_it_in_the_trail(
     job = ZSchedJob.objects.create(name="Heise news", interval_s=300,
                                    url="http://127.0.0.1:8000/targets/feed/2.xml")
     admin = f"{live_server.url}/admin/"
-    page.goto(admin)
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#site-name")
+    log_in(page, admin)
 
     page.goto(f"{admin}zsched/zschedjob/{job.pk}/change/")
     page.fill("input.zsched-note", "site asked us to slow down")

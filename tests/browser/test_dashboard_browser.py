@@ -23,7 +23,7 @@ from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
 from celery_zsched.job import Job
 from celery_zsched.store import Store
-from tests.browser.conftest import CHROMIUM
+from tests.browser.conftest import CHROMIUM, log_in
 from tests.dead_letters import dead_job, kill
 from tests.helpers import settle_all
 
@@ -116,15 +116,6 @@ def _history() -> None:
     ZSchedRun.objects.bulk_create(rows, batch_size=1000)
 
 
-def log_in(watched: Watched, admin: str) -> None:
-    page = watched.page
-    page.goto(admin)
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "password")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#site-name")
-
-
 def keep(artifacts: Path, name: str) -> None:
     """Copy a screenshot to docs/screenshots/ (missing there, or on request)."""
     target = SCREENSHOTS / name
@@ -138,7 +129,7 @@ def test_the_dashboard_draws_its_charts_from_the_server_alone(
         artifacts: Path) -> None:
     page = watched.page
     admin = f"{live_server.url}/admin/"
-    log_in(watched, admin)
+    log_in(watched.page, admin)
 
     # From the job list, as an operator finds it.
     page.goto(admin + "zsched/zschedjob/")
@@ -186,7 +177,7 @@ def test_the_job_page_previews_its_next_fires(
     row = ZSchedJob.objects.create(name="Morning digest",
                                    url="https://www.heise.example/digest.xml",
                                    cron="30 8 * * 1-5", timezone="Europe/Berlin")
-    log_in(watched, admin)
+    log_in(watched.page, admin)
     page.goto(admin + f"zsched/zschedjob/{row.pk}/change/")
     page.click("#toggle-nav-sidebar")
     fires = page.locator("#zsched-next-fires tbody tr")

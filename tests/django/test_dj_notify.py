@@ -12,8 +12,7 @@ from django.core import mail
 
 from celery_zsched import heartbeat, notify, signals
 from celery_zsched.appstore import forget_app, store_for_app
-from celery_zsched.job import Job
-from tests.notify_helpers import claim_one, fail_in_worker, url_job, wait_until
+from tests.notify_helpers import claim_one, fail_in_worker, started_then_lost, url_job, wait_until
 
 
 @pytest.fixture
@@ -62,17 +61,7 @@ def test_a_thousand_dead_letters_send_one_digest_mail_not_a_thousand(
     settings.CELERY_ZSCHED_NOTIFY_DIGEST_WINDOW_S = 5
     assert notify.install(django_app) is not None
     store = store_for_app(django_app)
-    jobs = [Job.from_dict({"url": f"http://s{i % 50}.example/{i}", "interval_s": 3600,
-                           "jitter_s": 0}) for i in range(1000)]
-    store.upsert_many(jobs, stagger=False)
-    store.run_now(*(job.id for job in jobs))
-    batch = store.claim(1000).jobs
-    for c in batch:
-        assert store.start(c.job.id, c.occurrence, c.attempt).runs
-    time.sleep(0.1)
-    reaped = store.reap()
-    assert reaped.dead == 1000
-    signals.after_reap(django_app, store, reaped.dead_ids)  # what beat does after its reap
+    signals.after_reap(django_app, store, started_then_lost(store, 1000))  # as beat does
     mails = _mails(21)
     time.sleep(0.3)
     assert len(mail.outbox) == 21

@@ -58,8 +58,9 @@ STOP_GRACE_S = 5.0
 #: zsched stores use db 0 under per-test key prefixes).
 _BROKER_DBS = itertools.cycle(range(1, 8))
 _LOGS = pytest.StashKey[list[Path]]()
-#: Inherited variables that would leak settings into the processes.
-_FOREIGN_ENV = ("ZSCHED_", "CELERY_", "E2E_")
+#: Inherited variables that would leak settings into the processes (pytest-django exports
+#: the suite's Django settings, which would make zsched serve write Django models).
+_FOREIGN_ENV = ("ZSCHED_", "CELERY_", "E2E_", "DJANGO_SETTINGS_MODULE")
 
 
 # --------------------------------------------------------------------- helpers

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,14 @@ from celery_zsched.config import Settings
 from celery_zsched.job import Job
 from celery_zsched.server.app import create_app
 from celery_zsched.server.dispatcher import Dispatcher
+from celery_zsched.server.writer import JobWriter
 from celery_zsched.store import Store
 from tests.helpers import free_port, wait
 
 WORKER = "worker-token-0123456789"
 READER = "reader-token-0123456789"
-TOKENS = f"{WORKER}:worker,{READER}:read"
+WRITER = "writer-token-0123456789"
+TOKENS = f"{WORKER}:worker,{READER}:read,{WRITER}:write"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -70,12 +72,16 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
     """Start a gateway with setting overrides; every one started is stopped after the test."""
     started: list[Served] = []
 
-    def start(redis_url: str | None = None, **overrides: Any) -> Served:
+    def start(redis_url: str | None = None, *, store: Store | None = None,
+              writer: JobWriter | None = None, **overrides: Any) -> Served:
+        """``store`` given: served as it is (its settings hold the tokens); ``writer``
+        takes the management API's changes (default: the store)."""
         values = {"api_tokens": TOKENS, "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0,
                   "max_jitter_s": 0.0, **overrides}
-        store = (Store.from_settings(Settings(redis_url=redis_url, **values)) if redis_url
-                 else make_store(**values))
-        app = create_app(store)
+        if store is None:
+            store = (Store.from_settings(Settings(redis_url=redis_url, **values)) if redis_url
+                     else make_store(**values))
+        app = create_app(store, writer=writer)
         port = free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=5)
@@ -93,21 +99,53 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
         served.stop()
 
 
+#: Output of each serve process (by pid), read as it comes: a pipe nobody reads
+#: fills at 64 KiB, and the server then blocks on its next log line (a soak
+#: run's job_error warnings hung it).
+_OUTPUT: dict[int, tuple[threading.Thread, list[str]]] = {}
+
+
+def _drain(proc: subprocess.Popen[str]) -> None:
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    _OUTPUT[proc.pid] = (thread, lines)
+
+
+def _output(proc: subprocess.Popen[str]) -> str:
+    thread, lines = _OUTPUT[proc.pid]
+    thread.join(5)
+    return "".join(lines)
+
+
 def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warning",
+                  *, django_settings: str | None = None, args: Sequence[str] = (),
                   **settings: Any) -> subprocess.Popen[str]:
-    """``celery -A tests.cli_app zsched serve`` in a process of its own; waits until it answers."""
+    """``celery -A tests.cli_app zsched serve`` in a process of its own; waits until it answers.
+
+    Without Django unless ``django_settings`` names a settings module: pytest-django
+    exports the test suite's, which would make the server write Django models.
+    """
     env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
            "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_MAX_JITTER_S": "0"}
     env.update({f"ZSCHED_{name.upper()}": str(value) for name, value in settings.items()})
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    if django_settings:
+        env["DJANGO_SETTINGS_MODULE"] = django_settings
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.cli_app", "zsched", "serve",
-         "--port", str(port), "--log-level", log_level],
+         "--port", str(port), "--log-level", log_level, *args],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _drain(proc)
 
     def answers() -> bool:
         if proc.poll() is not None:
-            output = proc.stdout.read() if proc.stdout else ""
-            raise AssertionError(f"zsched serve exited: {output}")
+            raise AssertionError(f"zsched serve exited: {_output(proc)}")
         try:
             httpx.get(f"http://127.0.0.1:{port}/jobs/next", timeout=1)
         except httpx.HTTPError:
@@ -123,11 +161,11 @@ def stop_process(proc: subprocess.Popen[str], timeout: float = 15) -> str:
     if proc.poll() is None:
         proc.terminate()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-    return out or ""
+        proc.wait()
+    return _output(proc)
 
 
 def elapsed(start: float) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_acl import PLACEHOLDER, readme_rule, refusals
-from tests.gateway.conftest import Served, http_job
+from tests.gateway.conftest import WRITER, Served, http_job
 from tests.servers import RedisServer, running
 
 
@@ -37,4 +37,32 @@ def test_the_gateway_needs_no_more_than_the_readme_acl_rule(
         retry = client.get("/jobs/next", params={"timeout": 0.2})
         assert retry.status_code == 204
         served.store.run_now("acl")
+    assert refusals(server) == []
+
+
+def test_the_rest_api_needs_no_more_than_the_readme_acl_rule(
+        serve: Callable[..., Served], acl_url: tuple[RedisServer, str]) -> None:
+    server, url = acl_url
+    served = serve(redis_url=url, key_prefix="{zsched}:")
+    with served.client(WRITER) as client:
+        created = client.post("/v1/jobs", json={"url": "https://a.example/", "queue": "eu"},
+                              headers={"Idempotency-Key": "acl"})
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        replay = client.post("/v1/jobs", json={"url": "https://a.example/", "queue": "eu"},
+                             headers={"Idempotency-Key": "acl"})
+        assert replay.headers["idempotent-replayed"] == "true"
+        for status in ("scheduled", "paused", "dead", None):
+            listed = client.get("/v1/jobs", params={"status": status, "queue": "eu"}
+                                if status else {"domain": "a.example"})
+            assert listed.status_code == 200, listed.text
+        assert client.get(f"/v1/jobs/{job_id}", params={"fires": 3}).status_code == 200
+        assert client.patch(f"/v1/jobs/{job_id}", json={"name": "n"}).status_code == 200
+        assert client.patch(f"/v1/jobs/{job_id}", json={"status": "paused"}).status_code == 200
+        assert client.post(f"/v1/jobs/{job_id}:run").status_code == 202
+        assert client.get(f"/v1/jobs/{job_id}/executions").status_code == 200
+        imported = client.post("/v1/jobs:import", content=b'{"url": "https://b.example/"}\n',
+                               headers={"Content-Type": "application/x-ndjson"})
+        assert imported.status_code == 200, imported.text
+        assert client.delete(f"/v1/jobs/{job_id}").status_code == 204
     assert refusals(server) == []

@@ -31,7 +31,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from celery_zsched.audit import Actor, check_note
+from celery_zsched.audit import check_note
 from celery_zsched.errors import JobNotFound, StoreUnavailable, ValidationError
 from celery_zsched.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
@@ -41,13 +41,14 @@ from .admin_times import CLOCK, FULL, zone_label, zone_or_none, zoned, zones_lin
 from .audit import admin_actor, request_note
 from .audit_admin import AuditedAdminMixin, RecentChangesInline
 from .conf import get_store
-from .dashboard import DashboardAdminView
+from .dashboard import OUTCOME_COLOURS, DashboardAdminView
 from .dead_admin import DeadLetterAdminViews
 from .domains_admin import DomainAdminViews
 from .forms import ZSchedJobForm
 from .job_filters import DeadLetteredFilter, QueueFilter
 from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
 from .next_run_order import next_run_page
+from .operations import OPERATIONS, apply_operation
 from .preview_admin import COUNT, fires_html, preview_url
 from .preview_admin import urls as preview_urls
 from .readonly import JobRecordsReadOnly
@@ -65,14 +66,9 @@ _UNAVAILABLE = object()
 #: Runs shown inline on the change page; the full history is under "Job runs".
 RECENT_RUNS = 20
 
-#: Colours of the last-outcome badge (readable on the light and dark admin themes).
-BADGE_COLOURS: dict[str, str] = {
-    "complete": "#2e7d32",
-    "retrying": "#ef6c00",
-    "error": "#c62828",
-    "skipped": "#607d8b",
-    "": "#9e9e9e",
-}
+#: Colours of the last-outcome badge (readable on the light and dark admin themes):
+#: the dashboard's outcome colours, and grey for a job that has not run.
+BADGE_COLOURS: dict[str, str] = {**OUTCOME_COLOURS, "": "#9e9e9e"}
 
 
 # ----------------------------------------------------------- live Redis state
@@ -325,41 +321,6 @@ def _count(n: int, noun: str) -> str:
 
 
 # -------------------------------------------------------------------- actions
-#: action name -> (Store method, past tense for the message, DB columns to set).
-_OPERATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "pause": ("pause", "Paused", {"enabled": False}),
-    "resume": ("resume", "Resumed", {"enabled": True}),
-    "run_now": ("run_now", "Queued to run now", {}),
-    # The mirror follows Redis at once, so the list stops showing the job as failing.
-    "reset_failures": ("reset_failures", "Reset the failures of",
-                       {"consecutive_failures": 0, "failure_count": 0, "last_error": ""}),
-}
-
-
-def apply_operation(operation: str, queryset: QuerySet[ZSchedJob], *, by: Actor | None = None,
-                    note: str = "") -> tuple[int, int, float]:
-    """Run ``operation`` on every job of ``queryset``: (rows, changed in Redis, seconds).
-
-    One Store pipeline (the Store chunks the ids inside it) and at most one SQL
-    UPDATE, whatever the number of rows. Redis goes first: if it is down the
-    operation fails as a whole and the database is left as it was.
-    """
-    started = time.perf_counter()
-    method, _, columns = _OPERATIONS[operation]
-    ids = list(queryset.values_list("job_id", flat=True))
-    if not ids:
-        return 0, 0, 0.0
-    store_call: Callable[..., int] = getattr(get_store(), method)
-    changed = store_call(*ids, by=by, note=note)
-    if columns:
-        # update() sends no save signals: Redis already has the change, and a
-        # per-row on_commit upsert of 10,000 rows is what this avoids.
-        # The queryset itself, not job_id__in=ids: one statement whatever the
-        # count, and no bound-parameter limit (SQLite's is 999 on old builds).
-        queryset.update(**columns)
-    return len(ids), changed, time.perf_counter() - started
-
-
 def _make_action(operation: str, description: str) -> Callable[..., None]:
     def action(modeladmin: ZSchedJobAdmin, request: HttpRequest,
                queryset: QuerySet[ZSchedJob]) -> None:
@@ -595,7 +556,7 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
         except StoreUnavailable as exc:
             self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
             return False
-        past = _OPERATIONS[operation][1]
+        past = OPERATIONS[operation][1]
         noun = "job" if rows == 1 else "jobs"
         self.message_user(request, f"{past} {rows} {noun} ({changed} changed in Redis, "
                           f"{seconds * 1000:.0f} ms).", messages.SUCCESS)
@@ -607,7 +568,7 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
         custom = [
             path(f"<path:object_id>/{op.replace('_', '-')}/",
                  self.admin_site.admin_view(self._button_view(op)), name=f"{name}_{op}")
-            for op in _OPERATIONS
+            for op in OPERATIONS
         ]
         # Before the defaults: their "<path:object_id>/" would swallow these.
         # Domains have no model of their own; they live under the jobs they pace.

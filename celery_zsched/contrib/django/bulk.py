@@ -17,6 +17,7 @@ from typing import TextIO
 from django.db import connections, router, transaction
 from django.utils import timezone as dj_timezone
 
+from celery_zsched.audit import Actor
 from celery_zsched.errors import ValidationError
 from celery_zsched.importer import import_actor, parse_rows, read_rows, write_rows
 from celery_zsched.job import Job
@@ -106,9 +107,27 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
     result = parse_rows(rows, get_defaults(), skip_invalid=skip_invalid)
     del rows
     summary.valid, summary.invalid = len(result.jobs), result.errors
-    known = existing_ids(job.id for job in result.jobs)
-    fresh = [job for job in result.jobs if job.id not in known]
-    existing = [job for job in result.jobs if job.id in known]
+    write_jobs(result.jobs, summary, update=update, progress=progress, by=import_actor(path),
+               started=clock)
+    return summary
+
+
+def write_jobs(jobs: list[Job], summary: ImportSummary, *, update: bool,
+               progress: Progress | None = None, by: Actor | None = None, note: str = "",
+               started: float | None = None) -> None:
+    """Write validated ``jobs`` into the database (one transaction), then Redis, staggered.
+
+    The second half of :func:`import_jobs`, shared with the REST API's import
+    (:class:`.api_writer.ModelWriter`): ``summary`` gets the counts and timings
+    (``summary.dry_run`` writes nothing). The Redis changes are recorded as made
+    ``by``, with ``note``.
+    """
+    progress = progress or Progress(io.StringIO(), enabled=False)
+    clock = time.perf_counter() if started is None else started
+    dry_run = summary.dry_run
+    known = existing_ids(job.id for job in jobs)
+    fresh = [job for job in jobs if job.id not in known]
+    existing = [job for job in jobs if job.id in known]
     summary.created = len(fresh)
     if not update:
         summary.skipped_existing = len(existing)
@@ -119,7 +138,7 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
             summary.updated = _update(existing, progress, dry_run=True)
             summary.unchanged = len(existing) - summary.updated
         progress.finish()
-        return summary
+        return
 
     clock = time.perf_counter()
     with transaction.atomic():
@@ -138,10 +157,9 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
         progress.start("redis", len(written))
         summary.redis = get_store().upsert_many(written, stagger=True, total=len(written),
                                                 progress=progress.update,
-                                                by=import_actor(path))
+                                                by=by, note=note)
         progress.finish()
         summary.timings["redis"] = _lap(clock)
-    return summary
 
 
 def _lap(started: float) -> float:

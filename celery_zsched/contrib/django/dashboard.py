@@ -59,7 +59,7 @@ STREAM_SAMPLE = 10_000
 #: Dead-letter ids and domain names listed by name on the page.
 LISTED = 10
 
-#: Outcome colours (the labels of RunStatus), as the admin's badges, in stacking order.
+#: Outcome colours (the labels of RunStatus), in stacking order: the admin's badges too.
 OUTCOME_COLOURS: dict[str, str] = {
     "complete": "#2e7d32",
     "retrying": "#ef6c00",
