@@ -1022,16 +1022,8 @@ class Store:
     @_unavailable
     def states(self, ids: Sequence[str]) -> list[RuntimeState | None]:
         """The runtime state of each of ``ids`` (one HMGET), ``None`` where there is none."""
-        if not ids:
-            return []
-        groups = self.group(ids)
-        pipe = self.client.pipeline(transaction=False)
-        for part, members in groups.items():
-            pipe.hmget(self.parts[part].state, members)
-        found = {job_id: raw for members, raws in zip(groups.values(), pipe.execute(), strict=True)
-                 for job_id, raw in zip(members, raws, strict=True)}
-        return [RuntimeState.from_wire(raw) if (raw := found.get(job_id)) else None
-                for job_id in ids]
+        raws = self.per_job(ids, lambda pipe, keys, members: pipe.hmget(keys.state, members))
+        return [RuntimeState.from_wire(raw) if raw else None for raw in raws]
 
     @_unavailable
     def recent_events(self, since_ms: int, count: int) -> list[dict[str, str]]:

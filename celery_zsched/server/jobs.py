@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..audit import Actor
-from ..errors import JobNotFound, ValidationError, redis_unavailable
+from ..errors import JobNotFound, ValidationError
 from ..results import JobInfo
 from ..store import Store
 from . import executions, idempotency
@@ -73,10 +73,7 @@ def not_found(job_id: str) -> Problem:
 async def read_job(store: Store, job_id: str) -> tuple[JobInfo, bool]:
     """The job and whether it comes from beat_schedule; ``404`` if there is none."""
     def read() -> tuple[JobInfo | None, bool]:
-        info = store.get_many([job_id])[0]
-        with redis_unavailable():
-            static = bool(store.client.sismember(store.part_of(job_id).static, job_id))
-        return info, static
+        return store.get_many([job_id])[0], _static_flags(store, [job_id])[0]
 
     info, static = await asyncio.to_thread(read)
     if info is None:
@@ -100,6 +97,11 @@ async def _write(change: Callable[..., bool], *args: Any) -> bool:
         return await asyncio.to_thread(change, *args)
     except ValidationError as exc:
         raise invalid_job(exc) from None
+
+
+def _stale_etag() -> Problem:
+    return Problem(412, "precondition failed",
+                   "the definition changed since that ETag; read it again", field="If-Match")
 
 
 def _answer(job: JobView, status: int = 200, **headers: str) -> JSONResponse:
@@ -220,9 +222,7 @@ async def edit_job(job_id: JobId, request: Request) -> Response:
     for _ in range(EDIT_ROUNDS if fields else 1):
         info, static = await read_job(store, job_id)
         if if_match is not None and if_match.strip().strip('"') != info.tag:
-            raise Problem(412, "precondition failed",
-                          "the definition changed since that ETag; read it again",
-                          field="If-Match")
+            raise _stale_etag()
         if not fields:
             break
         if static:
@@ -232,9 +232,7 @@ async def edit_job(job_id: JobId, request: Request) -> Response:
         if await _write(writer_of(request).replace, job, info.tag, by):
             break
         if if_match is not None:
-            raise Problem(412, "precondition failed",
-                          "the definition changed since that ETag; read it again",
-                          field="If-Match")
+            raise _stale_etag()
     else:
         raise Problem(409, "conflict", "the job kept changing under this edit; send it again",
                       headers={"Retry-After": "1"})
