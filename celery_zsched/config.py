@@ -61,8 +61,12 @@ class Settings:
     #: Most jobs one claim takes (and one publish batch sends).
     batch_size: int = 1000
     #: Execution lease: seconds a started task may go without a worker heartbeat
-    #: before it is presumed crashed and redelivered. Workers beat every third of it.
-    lease_s: float = 60.0
+    #: before it is presumed crashed and redelivered. Workers beat every third of it,
+    #: and hold the messages they received but did not start under the same lease.
+    lease_s: float = 30.0
+    #: Publish deadline: seconds a claimed occurrence may wait for beat to confirm
+    #: its publish; past it (beat died between claim and publish) it is due again.
+    publish_timeout_s: float = 30.0
     #: Delivery deadline: seconds a published message may wait unstarted while a
     #: worker is alive before it is presumed lost by the broker and republished.
     delivery_timeout_s: float = 7200.0
@@ -132,7 +136,7 @@ class Settings:
     gateway_timeout_s: float = 30.0
     #: Execution lease of a job the gateway hands out: unreported (no complete,
     #: error or heartbeat) for this long, it comes back, as from a dead worker.
-    gateway_lease_s: float = 300.0
+    gateway_lease_s: float = 60.0
     #: Signals the built-in notifiers report (comma-separated names; see the
     #: README's "Operating it: notifications").
     notify_events: str = ("job_retries_exhausted,job_dead_lettered,job_failing_streak,"
@@ -280,7 +284,8 @@ class Settings:
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the first bad value."""
-        positive = ("batch_size", "lease_s", "delivery_timeout_s", "default_interval_s",
+        positive = ("batch_size", "lease_s", "publish_timeout_s", "delivery_timeout_s",
+                    "default_interval_s",
                     "retry_base_s", "retry_cap_s", "max_deliveries", "events_maxlen",
                     "import_chunk", "partitions", "gateway_timeout_s", "gateway_lease_s")
         for name in positive:

@@ -61,6 +61,14 @@ COUNTERS = (
     ("duplicates", "zsched_duplicate_deliveries", "Duplicate deliveries a worker dropped."),
     ("deferred", "zsched_deferred_starts", "Starts a worker deferred (domain pacing)."),
     ("held", "zsched_domain_holds", "Due jobs a claim held back for their domain's pacing."),
+    ("orphaned", "zsched_orphaned_messages",
+     "Messages a worker received, then died holding unstarted: republished one lease later."),
+    ("unpublished", "zsched_unpublished_claims",
+     "Claims whose beat died before confirming the publish: republished at the publish deadline."),
+    ("refused", "zsched_refused_deliveries",
+     "Deliveries a worker refused at start: never promoted so, or under another task name."),
+    ("history_skipped", "zsched_history_skipped_events",
+     "Settle events the run history's drain could not convert: skipped and logged."),
 )
 
 

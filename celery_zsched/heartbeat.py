@@ -1,12 +1,21 @@
-"""One heartbeat thread per worker process: execution leases and worker liveness.
+"""One heartbeat thread per worker process: execution leases, held messages, liveness.
 
 A started occurrence holds a short execution lease (``zsched_lease_s``). The
 process running it extends every lease it holds each ``heartbeat_s`` (a third
 of the lease) in one script call, so a task may run any length of time while
-its worker lives, and a worker that dies is noticed one lease later. The
-worker's main process also records itself as alive, which is what tells the
-reaper that a message past its delivery deadline was lost rather than only
-waiting for workers to come back.
+its worker lives, and a worker that dies is noticed one lease later. Each
+lease is named by the fence its start returned, so a process whose lease
+lapsed while it stalled cannot extend the lease of the worker that runs the
+occurrence now.
+
+The worker's main process also holds the messages it received and has not
+started (its prefetch, countdowns it waits out), under the same lease: a
+receipt is sent at once (the thread wakes for it, and sends every receipt
+that arrived meanwhile in one call), then kept alive with the leases. When the
+worker dies, the reaper republishes what it held one lease later, instead of
+after the broker's visibility timeout. And it records itself as alive, which
+is what tells the reaper that a message past its delivery deadline was lost
+rather than only waiting for workers to come back.
 """
 
 from __future__ import annotations
@@ -15,41 +24,73 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from .errors import StoreUnavailable
-from .store import Store
+from .store import Held, Store
 
 logger = logging.getLogger("celery_zsched")
 
 
 class Heartbeat:
-    """Extends the leases of the occurrences this process runs; optionally beats as a worker."""
+    """Extends the leases of what this process runs; holds what it received; beats as a worker."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.worker = ""
         self.queues: tuple[str, ...] = ()
+        #: The name holds are recorded under, before the worker announced itself.
+        self.holder = ""
         self._lock = threading.Lock()
-        self._running: dict[str, tuple[int, int]] = {}
+        self._running: dict[str, tuple[int, int, int | None]] = {}
+        # Keyed by the worker's request object: a message that is done (run,
+        # dropped or rejected) is no longer referenced, and so no longer held.
+        self._held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
+        self._receipts: list[Held] = []
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def track(self, job_id: str, occurrence: int, attempt: int) -> None:
-        """Keep this occurrence's lease alive until :meth:`untrack`."""
+    def track(self, job_id: str, occurrence: int, attempt: int,
+              fence: int | None = None) -> None:
+        """Keep this occurrence's lease alive until :meth:`untrack` (``fence``: its start's)."""
         with self._lock:
-            self._running[job_id] = (occurrence, attempt)
+            self._running[job_id] = (occurrence, attempt, fence)
         self._ensure_thread()
 
     def untrack(self, job_id: str, occurrence: int, attempt: int) -> None:
         """Stop extending this occurrence's lease (it settled or retries)."""
         with self._lock:
-            if self._running.get(job_id) == (occurrence, attempt):
+            if self._running.get(job_id, (None, None))[:2] == (occurrence, attempt):
                 del self._running[job_id]
 
-    def running(self) -> list[tuple[str, int, int]]:
-        """The occurrences being kept alive, as (id, occurrence, attempt)."""
+    def running(self) -> list[tuple[str, int, int] | tuple[str, int, int, int]]:
+        """The occurrences being kept alive, as (id, occurrence, attempt[, fence])."""
         with self._lock:
-            return [(job_id, o, a) for job_id, (o, a) in self._running.items()]
+            return [(job_id, o, a) if f is None else (job_id, o, a, f)
+                    for job_id, (o, a, f) in self._running.items()]
+
+    def hold(self, request: Any, row: Held, holder: str) -> None:
+        """Hold the message of ``request`` (id, occurrence, attempt, delivery, task) for as
+        long as the request object lives; its receipt goes out now, in the background."""
+        with self._lock:
+            self._held[request] = row
+            self._receipts.append(row)
+            self.holder = self.holder or holder
+        self._ensure_thread()
+        self._wake.set()
+
+    def unhold(self, job_id: str) -> None:
+        """This process started (or dropped) ``job_id``'s message: it holds it no more."""
+        with self._lock:
+            for request, row in list(self._held.items()):
+                if row[0] == job_id:
+                    del self._held[request]
+
+    def held(self) -> list[Held]:
+        """The messages this process holds, unstarted."""
+        with self._lock:
+            return list(self._held.values())
 
     def announce(self, worker: str, queues: tuple[str, ...] = ()) -> None:
         """Record ``worker`` and the ``queues`` it consumes as alive on every beat, from now."""
@@ -67,19 +108,35 @@ class Heartbeat:
                 logger.warning("zsched: could not deregister worker %s: %s", worker, exc)
 
     def beat(self) -> None:
-        """One heartbeat now: extend every lease held, drop those no longer running."""
-        running = self.running()
-        if not running and not self.worker:
+        """One heartbeat now: extend every lease held and every hold, drop what moved on."""
+        with self._lock:
+            self._receipts.clear()  # every hold goes out in this beat
+        self._send(self.running(), self.held(), announce=True)
+
+    def send_receipts(self) -> None:
+        """Send the holds received since the last call (the first beat of each)."""
+        with self._lock:
+            receipts, self._receipts = self._receipts, []
+        if receipts:
+            self._send([], receipts, announce=False)
+
+    def _send(self, running: list[Any], held: list[Held], announce: bool) -> None:
+        if not running and not held and not self.worker:
             return
+        name = self.worker or self.holder
         try:
-            gone = self.store.heartbeat(running, self.worker, self.queues)
+            gone, unheld = self.store.beat(running, held, name,
+                                           self.queues if announce else (),
+                                           announce=announce)
         except StoreUnavailable as exc:
-            logger.warning("zsched: heartbeat failed (%s); %d leases may run out",
-                           exc, len(running))
+            logger.warning("zsched: heartbeat failed (%s); %d leases and %d holds may run out",
+                           exc, len(running), len(held))
             return
-        held = {job_id: (o, a) for job_id, o, a in running}
+        by_id = {row[0]: row for row in running}
         for job_id in gone:
-            self.untrack(job_id, *held[job_id])
+            self.untrack(job_id, by_id[job_id][1], by_id[job_id][2])
+        for job_id in unheld:
+            self.unhold(job_id)
 
     def _ensure_thread(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -89,10 +146,16 @@ class Heartbeat:
 
     def _loop(self) -> None:
         interval = self.store.settings.heartbeat_s
+        due = time.monotonic() + interval
         while True:
-            time.sleep(interval)
+            if self._wake.wait(max(0.0, due - time.monotonic())):
+                self._wake.clear()
             try:
-                self.beat()
+                if time.monotonic() >= due:
+                    due = time.monotonic() + interval
+                    self.beat()
+                else:
+                    self.send_receipts()
             except Exception:  # the thread must outlive any one bad beat
                 logger.exception("zsched: heartbeat error")
 

@@ -29,6 +29,10 @@ class Claimed:
     deliveries: int
     due_ms: int
     promoted_ms: int
+    #: The holder's number: the gateway's claim numbers each hand-out so, and its
+    #: lease token carries it (fencing). 0 for beat's claims: a worker's start
+    #: numbers the execution instead.
+    fence: int = 0
 
     @property
     def task_id(self) -> str:
@@ -43,6 +47,9 @@ class Claimed:
             "zsched_attempt": self.attempt,
             "zsched_due_ms": self.due_ms,
             "zsched_promoted_ms": self.promoted_ms,
+            # Which publish of this attempt the message is: start accepts only one
+            # that was made (1..publishes), so a forged or stray message never runs.
+            "zsched_delivery": self.deliveries,
         }
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
@@ -125,6 +132,10 @@ class StartResult:
     the domain's gate opens in ``until_ms`` ms (start again then), and
     ``deferred`` that the occurrence went back to the schedule, due at
     ``until_ms``, because the gate stays closed longer than a worker waits.
+    ``refused`` means the message was never promoted so (``reason``
+    ``unpromoted``: its delivery number is not one beat published for this
+    attempt) or names another task than the one it was published under
+    (``task``; ``found`` is that task).
     """
 
     status: str
@@ -133,6 +144,9 @@ class StartResult:
     promoted_ms: int | None = None
     found: str = ""
     until_ms: int | None = None
+    #: The number of this execution (``ok``): heartbeat, retry and settle present it.
+    fence: int | None = None
+    reason: str = ""
 
     @property
     def runs(self) -> bool:
@@ -154,6 +168,10 @@ class ReapResult:
     held: int = 0
     #: Entries promoted before execution leases existed, converted to queued.
     converted: int = 0
+    #: Messages a worker received and held, then died before starting: made due again.
+    orphaned: int = 0
+    #: Occurrences claimed by a beat that died before confirming the publish: due again.
+    unpublished: int = 0
     #: Ids redelivered, republished or dead-lettered.
     ids: tuple[str, ...] = ()
     #: Of ``ids``, the ones dead-lettered.
@@ -166,13 +184,15 @@ class ReapResult:
         return cls(
             redelivered=sum(r.redelivered for r in parts), dead=sum(r.dead for r in parts),
             lost=sum(r.lost for r in parts), held=sum(r.held for r in parts),
-            converted=sum(r.converted for r in parts), ids=tuple(i for r in parts for i in r.ids),
+            converted=sum(r.converted for r in parts), orphaned=sum(r.orphaned for r in parts),
+            unpublished=sum(r.unpublished for r in parts),
+            ids=tuple(i for r in parts for i in r.ids),
             dead_ids=tuple(i for r in parts for i in r.dead_ids))
 
     @property
     def total(self) -> int:
         """Occurrences that went back to the schedule or died."""
-        return self.redelivered + self.dead + self.lost
+        return self.redelivered + self.dead + self.lost + self.orphaned + self.unpublished
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,8 @@ class ZSchedScheduler(Scheduler):
                 logger.exception("zsched: signalling %d dead letters failed", len(res.dead_ids))
         if res.total or res.converted:
             log_event("reaped", logging.WARNING, redelivered=res.redelivered, dead=res.dead,
-                      lost=res.lost, converted=res.converted, ids=list(res.ids[:20]))
+                      lost=res.lost, orphaned=res.orphaned, unpublished=res.unpublished,
+                      converted=res.converted, ids=list(res.ids[:20]))
         elif res.held:
             log_event("delivery_held", logging.INFO, held=res.held)
         return res.total
@@ -225,7 +226,7 @@ class ZSchedScheduler(Scheduler):
             # crashed or lost occurrence, must run (nothing lost in a crash).
             if grace and late > grace and claimed.attempt == 1 and claimed.deliveries == 1:
                 self.store.settle(claimed.job.id, claimed.occurrence, claimed.attempt, "skip",
-                                  event={"lateness_ms": late})
+                                  event={"lateness_ms": late}, delivery=claimed.deliveries)
                 log_event("job_misfire", job_id=claimed.job.id, lateness_ms=late)
                 skipped += 1
             else:
@@ -239,9 +240,11 @@ class ZSchedScheduler(Scheduler):
             self.store.release(to_send)
             self.__dict__.pop("producer", None)
             raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
-        # The reaper asks whether a worker consumes this queue before it
-        # presumes a message lost (one more round trip per batch).
-        self.store.routed([(c, queue) for c in to_send if (queue := self._queue_of(c))])
+        # Confirms the publish (the occurrences leave the short publish deadline
+        # for the delivery deadline), and tells the reaper which queue's workers
+        # to ask about before it presumes a message lost. If this fails, the
+        # publish deadline brings them back and the start drops the second copy.
+        self.store.routed([(c, self._queue_of(c) or "") for c in to_send])
         return len(to_send)
 
     def _queue_of(self, claimed: Claimed) -> str | None:

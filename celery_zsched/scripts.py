@@ -74,8 +74,8 @@ class ScriptSpec(Generic[R]):
 def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
     now, next_due, next_deadline, room, held = (int(x) for x in res[:5])
     jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
-                    int(res[i + 4]), int(res[i + 5]), now)
-            for i in range(5, len(res), 6)]
+                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]))
+            for i in range(5, len(res), 7)]
     return ClaimBatch(now, next_due if next_due >= 0 else None,
                       next_deadline if next_deadline >= 0 else None, jobs, room, held)
 
@@ -83,25 +83,29 @@ def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
 def _start_reply(res: Sequence[Any]) -> StartResult:
     status = str(res[0])
     if status == "ok":
-        return StartResult(status, int(res[1]), int(res[2]), int(res[3]))
+        return StartResult(status, int(res[1]), int(res[2]), int(res[3]), fence=int(res[4]))
     if status == "expired":
         return StartResult(status, int(res[1]), None, int(res[2]))
     if status in ("wait", "deferred"):
         # wait: ms until the domain's gate opens; deferred: the time it went back to.
         return StartResult(status, found=str(res[1]), until_ms=int(res[1]))
+    if status == "refused":
+        return StartResult(status, found=str(res[2]), reason=str(res[1]))
     return StartResult(status, found=str(res[1]) if len(res) > 1 else "")
 
 
 def _reap_reply(res: Sequence[Any]) -> ReapResult:
-    redelivered, dead, lost, held, converted = (int(n) for n in res[:5])
-    ids = tuple(str(i) for i in res[5:])
+    redelivered, dead, lost, held, converted, orphaned, unpublished = (
+        int(n) for n in res[:7])
+    ids = tuple(str(i) for i in res[7:])
     # The dead-lettered ids come last.
-    return ReapResult(redelivered, dead, lost, held, converted, ids=ids,
+    return ReapResult(redelivered, dead, lost, held, converted, orphaned, unpublished, ids=ids,
                       dead_ids=ids[len(ids) - dead:] if dead else ())
 
 
-def _ids(res: Sequence[Any]) -> list[str]:
-    return [str(i) for i in res]
+def _gone(res: Sequence[Any]) -> list[tuple[str, str]]:
+    """heartbeat.lua's rows no longer running or held, as (kind, id)."""
+    return [(str(res[i]), str(res[i + 1])) for i in range(0, len(res), 2)]
 
 
 def _counts(res: Sequence[Any]) -> tuple[int, ...]:
@@ -154,32 +158,35 @@ UPSERT = ScriptSpec(
 CLAIM = ScriptSpec(
     "claim", ("schedule", "queued", "leases", "state", "defs", "counters", "domains",
               "domain_conf"),
-    args=("limit", "delivery_ms", "bound", "pacing", "status", "queue"), reply=_claim_reply)
+    args=("limit", "deadline_ms", "bound", "pacing", "status", "queue"), reply=_claim_reply)
 #: The job gateway's claim: the same script, from the HTTP schedule straight
-#: into running under an execution lease (``delivery_ms`` is the lease).
+#: into running under an execution lease (``deadline_ms`` is the lease).
 CLAIM_HTTP = ScriptSpec(
     "claim", ("http_schedule", "leases", "leases", "state", "defs", "counters", "domains",
               "domain_conf"),
     args=CLAIM.args, reply=_claim_reply)
 START = ScriptSpec(
     "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf",
-              "http_schedule", "http_wake"),
-    args=("id", "occurrence", "attempt", "lease_ms", "expires_ms", "pacing", "wait_max_ms"),
+              "http_schedule", "http_wake", "defs"),
+    args=("id", "occurrence", "attempt", "delivery", "task", "lease_ms", "expires_ms",
+          "pacing", "wait_max_ms"),
     reply=_start_reply)
 HEARTBEAT = ScriptSpec(
-    "heartbeat", ("leases", "state", "workers"),
-    args=("lease_ms", "worker", "queues"), group=("id", "occurrence", "attempt"), reply=_ids)
+    "heartbeat", ("leases", "state", "workers", "queued"),
+    args=("lease_ms", "worker", "queues"),
+    group=("kind", "id", "occurrence", "attempt", "number", "task"), reply=_gone)
 ROUTED = ScriptSpec(
-    "routed", ("state",), group=("id", "occurrence", "attempt", "queue"), reply=int)
+    "routed", ("state", "queued"), args=("delivery_ms",),
+    group=("id", "occurrence", "attempt", "delivery", "queue", "task"), reply=int)
 RETRYING = ScriptSpec(
     "retrying", ("leases", "queued", "state"),
-    args=("id", "occurrence", "attempt", "deadline_ms"), reply=bool)
+    args=("id", "occurrence", "attempt", "deadline_ms", "countdown_ms", "fence"), reply=bool)
 SETTLE = ScriptSpec(
     "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued",
                "domains", "domain_conf", "http_schedule", "http_wake"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
-          "http_status", "retry_after_ms", "pacing"),
+          "http_status", "retry_after_ms", "pacing", "fence", "delivery"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",

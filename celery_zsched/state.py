@@ -58,7 +58,8 @@ class RuntimeState:
     timing_signature: str | None = field(default=None, metadata=_wire(
         "g", "signature of the timing the schedule was computed from"))
     queue: str | None = field(default=None, metadata=_wire(
-        "q", "the queue beat routed the published message to"))
+        "q", "the queue beat routed the published message to, once the publish is "
+             'confirmed ("": a queue the router did not name; absent: not confirmed)'))
     domain: str | None = field(default=None, metadata=_wire(
         "dm", "the domain the job is paced under (pacing on, and it has one)"))
     flight_domain: str | None = field(default=None, metadata=_wire(
@@ -67,6 +68,15 @@ class RuntimeState:
         "rv", "the domain slot pacing held the job back to (its due time while it waits)"))
     transport: str | None = field(default=None, metadata=_wire(
         "t", '"h": a transport http job, waiting in the HTTP schedule (absent: celery)'))
+    fence: int = field(default=0, metadata=_wire(
+        "k", "hand-outs to an executor, all time: every start and every gateway claim "
+             "numbers its holder so; heartbeat, settle and retry present it (fencing)"))
+    holder: str | None = field(default=None, metadata=_wire(
+        "w", "the worker that received the queued message and holds it, unstarted "
+             "(its heartbeat keeps the hold; when it stops, the reaper republishes)"))
+    task: str | None = field(default=None, metadata=_wire(
+        "tk", "the task name the queued message was published under (start refuses "
+              "another)"))
 
     @classmethod
     def from_wire(cls, raw: str | bytes | Mapping[str, Any] | None) -> RuntimeState:

@@ -53,6 +53,27 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
+#: How far a settle event's times may lie from Redis' clock, and its spans run,
+#: before they are dropped as nonsense (a worker's microseconds, a forged 10**30):
+#: the run history must be able to convert every event it is given.
+_TIMING_WINDOW_MS = 20 * 366 * 86_400_000  # 20 years
+_EPOCH_FIELDS = ("due_ms", "promoted_ms", "started_ms", "finished_ms")
+_SPAN_FIELDS = ("lateness_ms", "wait_ms", "duration_ms")
+
+
+def _bounded_timings(event: Mapping[str, Any], now: int) -> dict[str, Any]:
+    """``event`` with every time too far from ``now`` (Redis' clock) and every span
+    too long set to ``None``."""
+    def sane(value: Any, centre: int) -> bool:
+        return (type(value) is int and abs(value - centre) <= _TIMING_WINDOW_MS)
+    out = dict(event)
+    for names, centre in ((_EPOCH_FIELDS, now), (_SPAN_FIELDS, 0)):
+        for name in names:
+            if out.get(name) is not None and not sane(out[name], centre):
+                out[name] = None
+    return out
+
+
 #: Status label of a settle that does not retry.
 _LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
 #: Longest a worker sits out a closed domain gate at start before it hands the
@@ -73,6 +94,11 @@ def _unavailable(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
     return wrapper
 
+
+#: An execution a worker keeps alive: (id, occurrence, attempt[, fence]).
+Running = tuple[str, int, int] | tuple[str, int, int, int]
+#: A message a worker received and holds: (id, occurrence, attempt, delivery, task).
+Held = tuple[str, int, int, int, str]
 
 #: A script call for :meth:`Store._run`: spec, partition keys, rows, named args.
 Call = tuple["ScriptSpec[Any]", Keys, Sequence[Sequence[Any]], Mapping[str, Any]]
@@ -765,7 +791,10 @@ class Store:
         Each claim is one atomic script on one partition, so every occurrence
         is claimed once however many beats claim at the same time.
         """
-        args = {"delivery_ms": int(self.settings.delivery_timeout_s * 1000),
+        # Until beat confirms the publish (routed), a claim waits under the short
+        # publish deadline: a beat that dies in between costs seconds, not the
+        # delivery deadline.
+        args = {"deadline_ms": int(self.settings.publish_timeout_s * 1000),
                 "bound": self.partition_bound, "pacing": self.pacing, "status": "queued",
                 "queue": ""}
         calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
@@ -785,7 +814,7 @@ class Store:
         it looked at: all of them unless ``limit`` jobs were found first.
         """
         args: dict[str, Any] = {
-            "delivery_ms": int(self.settings.gateway_lease_s * 1000),
+            "deadline_ms": int(self.settings.gateway_lease_s * 1000),
             # The running set also holds Celery executions: no bound here.
             "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue}
         # Partitions one after the other from a rotating start, until ``limit``
@@ -834,46 +863,79 @@ class Store:
 
     @_unavailable
     def start(self, job_id: str, occurrence: int, attempt: int,
-              expires_ms: int | None = None) -> StartResult:
+              expires_ms: int | None = None, *, delivery: int | None = None,
+              task: str = "") -> StartResult:
         """Mark a delivered occurrence running (compare-and-set) and start its execution lease.
 
-        Only one delivery of an occurrence and attempt gets ``runs``; the worker
-        must keep the lease alive with :meth:`heartbeat` while the task runs.
+        Only one delivery of an occurrence and attempt gets ``runs``, and only
+        one beat published: ``delivery`` is the message's delivery number
+        (``None``: a message from before fencing) and ``task`` its task name
+        (``""``: not checked). The result's ``fence`` numbers this execution:
+        the worker keeps the lease alive with :meth:`heartbeat` and settles
+        with :meth:`settle`, presenting it.
         """
         return self._call(scripts.START, self.part_of(job_id), id=job_id,
                           occurrence=occurrence, attempt=attempt,
+                          delivery="" if delivery is None else delivery, task=task,
                           lease_ms=int(self.settings.lease_s * 1000),
                           expires_ms="" if expires_ms is None else expires_ms,
                           pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
 
-    @_unavailable
-    def heartbeat(self, running: Sequence[tuple[str, int, int]], worker: str = "",
+    def heartbeat(self, running: Sequence[Running], worker: str = "",
                   queues: Sequence[str] = (), lease_s: float | None = None) -> list[str]:
-        """Extend the execution leases of ``running`` (id, occurrence, attempt) triples.
+        """Extend the execution leases of ``running`` (id, occurrence, attempt[, fence]).
 
         ``worker`` and the ``queues`` it consumes, when given, are recorded as
-        alive. Returns the ids that are no longer running (settled, reaped or
-        superseded): stop beating for them. ``lease_s`` (default ``lease_s``):
-        the new lease, from now.
+        alive. Returns the ids that are no longer running (settled, reaped,
+        superseded, or held under another fence): stop beating for them.
+        ``lease_s`` (default ``lease_s``): the new lease, from now.
         """
+        gone, _ = self.beat(running, (), worker, queues, lease_s)
+        return gone
+
+    @_unavailable
+    def beat(self, running: Sequence[Running], held: Sequence[Held], worker: str = "",
+             queues: Sequence[str] = (), lease_s: float | None = None, *,
+             announce: bool = True) -> tuple[list[str], list[str]]:
+        """One worker heartbeat: extend what it runs, and hold what it received.
+
+        ``running``: (id, occurrence, attempt[, fence]) of the executions this
+        process runs (without a fence: unfenced, for tests and tools).
+        ``held``: (id, occurrence, attempt, delivery, task) of messages this
+        worker received and has not started; each still-queued occurrence is
+        held by ``worker`` for one lease from now (the first beat of one is its
+        receipt), so the reaper republishes it one lease after the worker dies.
+        Returns the ids no longer running, and those no longer held.
+        ``announce=False`` (receipts between beats) asks only the partitions
+        the rows are in.
+        """
+        rows = [("r", row[0], row[1], row[2], row[3] if len(row) > 3 else "", "")
+                for row in running]
+        rows += [("h", job_id, o, a, n, task) for job_id, o, a, n, task in held]
         # Every partition hears the worker: each one's reaper asks its own
         # ``workers`` set whether a queue is consumed.
-        by_part = self.group(running, _first)
+        by_part = self.group(rows, lambda row: str(row[1]))
         lease = self.settings.lease_s if lease_s is None else lease_s
         args = {"lease_ms": int(lease * 1000), "worker": worker, "queues": " ".join(queues)}
-        parts = range(len(self.parts)) if worker else list(by_part)
+        parts = range(len(self.parts)) if worker and announce else list(by_part)
         calls: list[Call] = [(scripts.HEARTBEAT, self.parts[i], by_part.get(i, []), args)
                              for i in parts]
-        return [job_id for reply in (self._run(calls) if calls else [])
-                for job_id in scripts.HEARTBEAT.reply(reply)]
+        gone = [row for reply in (self._run(calls) if calls else [])
+                for row in scripts.HEARTBEAT.reply(reply)]
+        return ([job_id for kind, job_id in gone if kind == "r"],
+                [job_id for kind, job_id in gone if kind == "h"])
 
     @_unavailable
     def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:
-        """Record the queue each published occurrence went to (for the reaper)."""
+        """Confirm the publish of each occurrence, with the queue it went to ("": one the
+        router did not name): each moves from the publish deadline to the delivery
+        deadline, and the reaper knows which workers consume it."""
         if not published:
             return 0
-        return sum(self._by_job(scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, queue)
-                                                 for c, queue in published]))
+        return sum(self._by_job(
+            scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, c.deliveries, queue, c.job.task)
+                             for c, queue in published],
+            delivery_ms=int(self.settings.delivery_timeout_s * 1000)))
 
     def announce(self, beat: str, *, gone: bool = False) -> None:
         """Record ``beat`` as alive (or, ``gone``, as stopped) for ``zsched repartition``.
@@ -896,16 +958,19 @@ class Store:
         self._pipeline_each(lambda pipe, keys: pipe.zrem(keys.workers, worker))
 
     @_unavailable
-    def retrying(self, job_id: str, occurrence: int, attempt: int, countdown_s: float) -> bool:
+    def retrying(self, job_id: str, occurrence: int, attempt: int, countdown_s: float, *,
+                 fence: int | None = None) -> bool:
         """A running task retries through Celery's ``Task.retry``: it is queued again.
 
         Its retry message then starts like any first delivery, under a delivery
-        deadline of ``countdown_s`` plus ``delivery_timeout_s``.
+        deadline of ``countdown_s`` plus ``delivery_timeout_s``. Only the
+        execution numbered ``fence`` may (``None``: unfenced).
         """
         deadline = int((countdown_s + self.settings.delivery_timeout_s) * 1000)
         return self._call(scripts.RETRYING, self.part_of(job_id), id=job_id,
                           occurrence=occurrence, attempt=attempt,
-                          deadline_ms=deadline)
+                          deadline_ms=deadline, countdown_ms=int(countdown_s * 1000),
+                          fence="" if fence is None else fence)
 
     @_unavailable
     def reap(self, limit: int | None = None, max_deliveries: int | None = None,
@@ -928,12 +993,18 @@ class Store:
     def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
                error: str = "", retry_after_s: float | None = None,
                event: dict[str, Any] | None = None,
-               http_status: int | None = None) -> SettleResult:
+               http_status: int | None = None, fence: int | None = None,
+               delivery: int | None = None) -> SettleResult:
         """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
 
         The next due time is computed from the stored definition and Redis'
         clock; if the definition's timing changes meanwhile, it is recomputed.
         ``http_status`` and ``retry_after_s`` also teach the job's domain (pacing).
+
+        Who settles (fencing): ``fence``, the execution a start or the gateway
+        numbered so, while it still runs; else ``delivery``, a message that never
+        started, while its occurrence is queued; with neither, an unfenced caller
+        (tests and tools): whatever holds the current occurrence.
         """
         if outcome not in ("complete", "error", "skip"):
             raise ValueError(f"unknown outcome {outcome!r}")
@@ -956,10 +1027,11 @@ class Store:
                 signature=job.timing_signature if job else "",
                 max_runs=(job.max_runs or 0) if job else 0,
                 events_maxlen=self.settings.events_maxlen,
-                event=json.dumps(event or {}, separators=(",", ":")),
+                event=json.dumps(_bounded_timings(event or {}, now), separators=(",", ":")),
                 http_status="" if http_status is None else http_status,
                 retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
-                pacing=self.pacing)
+                pacing=self.pacing, fence="" if fence is None else fence,
+                delivery="" if delivery is None else delivery)
             if reply.verdict == "changed":
                 continue
             if job is None:
@@ -1042,6 +1114,12 @@ class Store:
             lambda pipe, keys: pipe.zrevrange(keys.dead, 0, limit - 1, withscores=True))
         rows = heapq.merge(*(part for (part,) in replies), key=lambda row: row[1], reverse=True)
         return [str(job_id) for job_id, _ in list(rows)[:limit]]
+
+    @_unavailable
+    def count(self, name: str, amount: int = 1, part: int = 0) -> None:
+        """Add ``amount`` to lifetime counter ``name`` of partition ``part`` (``zsched stats``
+        and the exporter read them)."""
+        self.client.hincrby(self.parts[part].counters, name, amount)
 
     @_unavailable
     def drain_cursor(self, part: int = 0) -> str:

@@ -10,9 +10,14 @@ zsched scheduler carries headers naming its job, occurrence and attempt.
 When a worker starts such a task, one compare-and-set marks the occurrence
 running (``Store.start``) from Celery's ``Task.before_start`` hook, which the
 worker installs on every task at ``worker_init``. A delivery that finds it
-running or settled already is dropped (``Ignore``) without running the body.
+running or settled already is dropped (``Ignore``) without running the body,
+and so is one that was never promoted (a forged or stray message, one under
+another task name) or whose zsched headers are malformed: one log line each.
 While the task runs, this process's :class:`~celery_zsched.heartbeat.Heartbeat`
-keeps its execution lease alive.
+keeps its execution lease alive under the fence its start returned, which the
+settle presents too. The worker's main process holds every message it
+received and has not started yet (``task_received``), so if it dies they are
+republished one lease later, not after the broker's visibility timeout.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from celery import current_app, current_task, signals
 from celery.exceptions import Ignore
+from kombu.transport import virtual
 
 from . import notify
 from . import signals as zsched_signals
@@ -53,24 +59,64 @@ class Occurrence:
     due_ms: int
     promoted_ms: int
     expires_ms: int | None = None
+    #: Which publish of this attempt the message is (``None``: a message from
+    #: before fencing); start accepts only one beat made.
+    delivery: int | None = None
+
+
+class MalformedHeaders(ValueError):
+    """A message carries a ``zsched_job_id`` but its other zsched headers are not valid."""
+
+
+#: Bounds of the integer headers: epoch ms and counts, never beyond what a
+#: JSON number (and the run history's columns) hold exactly.
+_MAX_MS = 2**53 - 1
+_MAX_COUNT = 1_000_000
+
+
+def _header_int(get: Callable[[str], Any], name: str, low: int, high: int,
+                default: int | None) -> int | None:
+    value = get(name)
+    if value is None:
+        if default is None and name in _REQUIRED:
+            raise MalformedHeaders(f"{name} is missing")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise MalformedHeaders(f"{name} must be an integer in [{low}, {high}], got {value!r:.40}")
+    return value
+
+
+_REQUIRED = ("zsched_occurrence", "zsched_attempt")
 
 
 def occurrence_of(headers: Any) -> Occurrence | None:
-    """Parse zsched headers from a mapping or an object with attributes."""
+    """Parse zsched headers from a mapping or an object with attributes.
+
+    ``None`` when there are none (not a zsched message); raises
+    :class:`MalformedHeaders` when a ``zsched_job_id`` comes with headers that
+    are missing, mistyped or out of range.
+    """
     def get(name: str) -> Any:
         if isinstance(headers, dict):
             return headers.get(name)
         return getattr(headers, name, None)
     job_id = get("zsched_job_id")
-    if not job_id:
+    if job_id is None or job_id == "":
         return None
-    expires = get("zsched_expires_ms")
-    return Occurrence(str(job_id), int(get("zsched_occurrence")), int(get("zsched_attempt")),
-                      int(get("zsched_due_ms") or 0), int(get("zsched_promoted_ms") or 0),
-                      int(expires) if expires is not None else None)
+    if not isinstance(job_id, str) or len(job_id) > 200:
+        raise MalformedHeaders(f"zsched_job_id must be a job id, got {job_id!r:.40}")
+    occurrence = _header_int(get, "zsched_occurrence", 0, _MAX_MS, None)
+    attempt = _header_int(get, "zsched_attempt", 1, _MAX_COUNT, None)
+    due = _header_int(get, "zsched_due_ms", 0, _MAX_MS, 0)
+    promoted = _header_int(get, "zsched_promoted_ms", 0, _MAX_MS, 0)
+    expires = _header_int(get, "zsched_expires_ms", 0, _MAX_MS, None)
+    delivery = _header_int(get, "zsched_delivery", 1, _MAX_COUNT, None)
+    assert occurrence is not None and attempt is not None  # required: raised above
+    return Occurrence(job_id, occurrence, attempt, due or 0, promoted or 0, expires, delivery)
 
 
 def _from_request(request: Any) -> Occurrence | None:
+    """The occurrence of ``request``; raises :class:`MalformedHeaders` for bad headers."""
     if request is None:
         return None
     for source in (getattr(request, "headers", None), getattr(request, "request_dict", None),
@@ -80,6 +126,15 @@ def _from_request(request: Any) -> Occurrence | None:
             if found is not None:
                 return found
     return None
+
+
+def _occurrence_or_none(request: Any) -> Occurrence | None:
+    """The occurrence of ``request``, or ``None`` for one with malformed headers: only
+    the start reports those (once), every later hook ignores them."""
+    try:
+        return _from_request(request)
+    except MalformedHeaders:
+        return None
 
 
 def report(outcome: str = "error", *, error: str = "", retry_after: float | None = None,
@@ -119,18 +174,28 @@ def _with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
 
 def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error: str = "",
             retry_after: float | None = None, task_id: str | None = None,
-            status: int | None = None) -> None:
+            status: int | None = None, *, unfenced: bool = False) -> None:
+    """Settle ``occ``: as the execution ``request``'s start numbered (its fence), or,
+    for a message that never started, as its delivery (``unfenced``: as whatever
+    holds the occurrence, for an operator's terminate)."""
     # Start and promotion are read on Redis' clock; the duration on this host's
     # monotonic clock. So wait_ms and duration_ms never mix two hosts' clocks.
+    # Due and promotion come from the start's reply (the store's record) when
+    # there was one, not from headers a sender could have written anything in.
+    start: StartResult | None = getattr(request, "zsched_start", None)
+    due = start.due_ms if start is not None and start.due_ms is not None else occ.due_ms
+    promoted = (start.promoted_ms if start is not None and start.promoted_ms is not None
+                else occ.promoted_ms)
+    fence = start.fence if start is not None else None
     started = getattr(request, "zsched_started_ms", None) if request is not None else None
     mono = getattr(request, "zsched_started_mono", None) if request is not None else None
     duration = int((time.monotonic() - mono) * 1000) if mono is not None else None
     timings = {
-        "task_id": task_id, "due_ms": occ.due_ms, "promoted_ms": occ.promoted_ms,
-        "lateness_ms": occ.promoted_ms - occ.due_ms,
+        "task_id": task_id, "due_ms": due, "promoted_ms": promoted,
+        "lateness_ms": promoted - due,
         "started_ms": int(started) if started else None,
         "finished_ms": int(started + duration) if started and duration is not None else None,
-        "wait_ms": int(started - occ.promoted_ms) if started else None,
+        "wait_ms": int(started - promoted) if started else None,
         "duration_ms": duration,
     }
     store = store_for_app(app)
@@ -138,11 +203,19 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
     try:
         result = _with_retries("settle", occ, lambda: store.settle(
             occ.job_id, occ.occurrence, occ.attempt, outcome, error=error,
-            retry_after_s=retry_after, event=timings, http_status=status), SETTLE_RETRY_S)
+            retry_after_s=retry_after, event=timings, http_status=status,
+            # A message from before fencing has no delivery number: unfenced, as then.
+            fence=fence, delivery=None if fence is not None or unfenced else occ.delivery),
+            SETTLE_RETRY_S)
     except StoreUnavailable as exc:
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                      "the occurrence will be redelivered", occ.job_id, exc)
         return
+    if not result.applied and fence is not None and result.status == "stale":
+        # This execution's lease lapsed and the occurrence moved on (reaped,
+        # handed to another worker): fencing kept it from changing anything.
+        log_event("job_fenced", logging.WARNING, job_id=occ.job_id, occurrence=occ.occurrence,
+                  attempt=occ.attempt, fence=fence, outcome=outcome)
     event = "job_complete" if outcome == "complete" else "job_error"
     log_event(event, logging.INFO if outcome == "complete" else logging.WARNING,
               job_id=occ.job_id, occurrence=occ.occurrence, attempt=occ.attempt,
@@ -172,17 +245,26 @@ def start_occurrence(task: Any) -> None:
     """Mark the delivered occurrence running, or drop this delivery.
 
     Called from ``before_start`` in the process that runs the task. Raises
-    ``Ignore`` (the body does not run, no settle) for a duplicate delivery,
-    and for an occurrence that expired, which is settled as an error first.
+    ``Ignore`` (the body does not run, no settle) for a duplicate delivery, a
+    refused one (never promoted so, or under another task name), one with
+    malformed zsched headers, and for an occurrence that expired, which is
+    settled as an error first.
     """
     request = task.request
-    occ = _from_request(request)
-    if occ is None or getattr(request, "zsched_start", None) is not None:
+    if getattr(request, "zsched_start", None) is not None:
+        return
+    try:
+        occ = _from_request(request)
+    except MalformedHeaders as exc:
+        log_event("job_malformed_dropped", logging.WARNING, task_id=request.id,
+                  task=task.name, error=str(exc))
+        raise Ignore() from None
+    if occ is None:
         return
     try:
         # store_for_app inside the retries: a Redis Cluster client connects as it
         # is built, so a cluster that is down at the first task is an outage too.
-        result = _start_paced(task.app, occ)
+        result = _start_paced(task.app, occ, task.name)
     except StoreUnavailable as exc:
         # Without a start the run is not protected against a duplicate: hand the
         # message back to the broker (same task id) and try again later.
@@ -190,6 +272,10 @@ def start_occurrence(task: Any) -> None:
                        occ.job_id, exc, START_REQUEUE_S)
         raise task.retry(countdown=START_REQUEUE_S, max_retries=None) from exc
     request.zsched_start = result
+    # This process no longer holds the message (solo, threads and green pools
+    # hold and run in one process; a prefork parent hears it from its beat).
+    heartbeat = heartbeat_for(task.app, store_for_app(task.app))
+    heartbeat.unhold(occ.job_id)
     if result.status == "deferred":
         # The domain's gate stays closed (Retry-After, an open breaker): the
         # occurrence is back in the schedule and will be published again.
@@ -199,9 +285,13 @@ def start_occurrence(task: Any) -> None:
     if result.status == "ok":
         request.zsched_started_ms = result.now_ms
         request.zsched_started_mono = time.monotonic()
-        heartbeat = heartbeat_for(task.app, store_for_app(task.app))
-        heartbeat.track(occ.job_id, occ.occurrence, occ.attempt)
+        heartbeat.track(occ.job_id, occ.occurrence, occ.attempt, result.fence)
         return
+    if result.status == "refused":
+        log_event("job_refused", logging.WARNING, job_id=occ.job_id, occurrence=occ.occurrence,
+                  attempt=occ.attempt, delivery=occ.delivery, task_id=request.id,
+                  task=task.name, reason=result.reason, found=result.found or None)
+        raise Ignore()
     if result.status == "expired":
         log_event("job_expired", logging.WARNING, job_id=occ.job_id, occurrence=occ.occurrence,
                   attempt=occ.attempt, waited_ms=(result.now_ms or 0) - occ.promoted_ms)
@@ -213,12 +303,13 @@ def start_occurrence(task: Any) -> None:
     raise Ignore()
 
 
-def _start_paced(app: Any, occ: Occurrence) -> StartResult:
+def _start_paced(app: Any, occ: Occurrence, task: str) -> StartResult:
     """The start compare-and-set; while the domain's start gate opens within a
     short wait (``wait``), sleep until then and try again."""
     while True:
         result: StartResult = _with_retries("start", occ, lambda: store_for_app(app).start(
-            occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms), START_RETRY_S)
+            occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms, delivery=occ.delivery,
+            task=task), START_RETRY_S)
         if result.status != "wait":
             return result
         time.sleep((result.until_ms or 1) / 1000)
@@ -267,7 +358,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
     """Announce this worker as alive for as long as it runs."""
     app = _app_of(sender)
-    name = f"{getattr(sender, 'hostname', None) or 'worker'}:{os.getpid()}"
+    name = _worker_name(sender)
     # A Redis outage is logged by the beat itself; the thread keeps trying.
     heartbeat_for(app, store_for_app(app)).announce(name, _consumed_queues(sender, app))
 
@@ -299,7 +390,7 @@ def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     registered after the worker started): that task runs without a start.
     """
     if task is not None and getattr(task.request, "zsched_start", None) is None \
-            and _from_request(task.request) is not None:
+            and _occurrence_or_none(task.request) is not None:
         task.request.zsched_started_mono = time.monotonic()
         task.request.zsched_started_ms = time.time() * 1000
 
@@ -307,7 +398,7 @@ def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
 def on_success(sender: Any = None, **_: Any) -> None:
     """Complete, or the outcome the task reported with :func:`report`."""
     request = sender.request
-    occ = _from_request(request)
+    occ = _occurrence_or_none(request)
     if occ is None:
         return
     outcome, error, retry_after, status = (getattr(request, "zsched_outcome", None)
@@ -320,7 +411,7 @@ def on_failure(sender: Any = None, task_id: str | None = None,
     """Error, with the exception text, and the HTTP status and Retry-After it carries
     (``JobFailed``, or an HTTP client's error: see :mod:`celery_zsched.http_status`)."""
     request = getattr(sender, "request", None)
-    occ = _from_request(request)
+    occ = _occurrence_or_none(request)
     if occ is None:
         return
     error = f"{type(exception).__name__}: {exception}" if exception else "failed"
@@ -331,7 +422,7 @@ def on_failure(sender: Any = None, task_id: str | None = None,
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
     """A Celery retry is not an outcome yet: the occurrence is queued again for the retry."""
-    occ = _from_request(request)
+    occ = _occurrence_or_none(request)
     if occ is None:
         return
     when = getattr(reason, "when", None)
@@ -343,8 +434,10 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
     app = _app_of(sender)
     store: Store = store_for_app(app)
     heartbeat_for(app, store).untrack(occ.job_id, occ.occurrence, occ.attempt)
+    start: StartResult | None = getattr(request, "zsched_start", None)
     try:
-        store.retrying(occ.job_id, occ.occurrence, occ.attempt, countdown)
+        store.retrying(occ.job_id, occ.occurrence, occ.attempt, countdown,
+                       fence=start.fence if start is not None else None)
     except StoreUnavailable as exc:
         logger.warning("zsched: could not requeue %s for its retry: %s", occ.job_id, exc)
     log_event("job_retry", job_id=occ.job_id, occurrence=occ.occurrence, countdown_s=countdown)
@@ -352,20 +445,57 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
 
 def on_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
                expired: bool = False, **_: Any) -> None:
-    """A revoked or expired message settles as an error."""
-    occ = _from_request(request)
+    """A revoked or expired message settles as an error.
+
+    One that never started settles as its delivery (while its occurrence is
+    queued). A terminated one was running in a pool process whose start this
+    process did not see: the operator's terminate is trusted to settle the
+    occurrence unfenced, as whatever holds it.
+    """
+    occ = _occurrence_or_none(request)
     if occ is None:
         return
     reason = "expired" if expired else ("terminated" if terminated else "revoked")
-    _settle(_app_of(sender), occ, "error", None, reason, None, getattr(request, "id", None))
+    _settle(_app_of(sender), occ, "error", None, reason, None, getattr(request, "id", None),
+            unfenced=terminated)
 
 
 def on_rejected(message: Any = None, exc: Any = None, **_: Any) -> None:
     """A message the worker rejected (or whose task is unknown) settles as an error."""
-    occ = occurrence_of(getattr(message, "headers", None) or {})
+    try:
+        occ = occurrence_of(getattr(message, "headers", None) or {})
+    except MalformedHeaders:
+        return
     if occ is None:
         return
     _settle(current_app, occ, "error", None, f"rejected: {exc}", None, None)
+
+
+def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """The worker received a message (main process): hold it until it starts.
+
+    Only on brokers that keep a dead consumer's unacknowledged messages until a
+    visibility timeout (kombu's virtual transports: Redis, SQS, ...). RabbitMQ
+    requeues them the moment the connection dies, so it needs no hold.
+    """
+    occ = _occurrence_or_none(request)
+    if occ is None or not _broker_keeps_unacked(sender):
+        return
+    app = _app_of(sender)
+    task = str(getattr(request, "name", "") or getattr(request, "task_name", ""))
+    delivery = occ.delivery if occ.delivery is not None else 1
+    heartbeat_for(app, store_for_app(app)).hold(
+        request, (occ.job_id, occ.occurrence, occ.attempt, delivery, task), _worker_name(sender))
+
+
+def _broker_keeps_unacked(consumer: Any) -> bool:
+    transport = getattr(getattr(consumer, "connection", None), "transport", None)
+    return isinstance(transport, virtual.Transport)
+
+
+def _worker_name(consumer: Any) -> str:
+    """This worker process, as the store's ``workers`` set and holds name it."""
+    return f"{getattr(consumer, 'hostname', None) or 'worker'}:{os.getpid()}"
 
 
 def install() -> None:
@@ -377,6 +507,7 @@ def install() -> None:
     signals.worker_process_shutdown.connect(on_process_shutdown, weak=False,
                                             dispatch_uid=_UID + ".process_shutdown")
     signals.task_prerun.connect(on_prerun, weak=False, dispatch_uid=_UID + ".prerun")
+    signals.task_received.connect(on_received, weak=False, dispatch_uid=_UID + ".received")
     signals.task_success.connect(on_success, weak=False, dispatch_uid=_UID + ".success")
     signals.task_failure.connect(on_failure, weak=False, dispatch_uid=_UID + ".failure")
     signals.task_retry.connect(on_retry, weak=False, dispatch_uid=_UID + ".retry")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -24,7 +25,8 @@ def store_snapshot(store: Store) -> dict[str, Any]:
     c, k = store.client, store.keys
     return {
         "defs": c.hgetall(k.defs),
-        "state": c.hgetall(k.state),
+        # Decoded: a script that rewrites a state unchanged may order its keys anew.
+        "state": {job_id: json.loads(raw) for job_id, raw in c.hgetall(k.state).items()},
         "schedule": c.zrange(k.schedule, 0, -1, withscores=True),
         "queued": c.zrange(k.queued, 0, -1, withscores=True),
         "leases": c.zrange(k.leases, 0, -1, withscores=True),

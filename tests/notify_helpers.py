@@ -81,10 +81,13 @@ def fail_in_worker(app: Celery, claimed: Claimed, exc: BaseException | None = No
     """Start ``claimed`` and fail it through the worker's own ``task_failure`` hook;
     the seconds the hook took."""
     store = store_for_app(app)
+    started = None
     if start:
-        assert store.start(claimed.job.id, claimed.occurrence, claimed.attempt).runs
-    task = SimpleNamespace(app=app, request=SimpleNamespace(headers=claimed.headers(),
-                                                            id=claimed.task_id))
+        started = store.start(claimed.job.id, claimed.occurrence, claimed.attempt)
+        assert started.runs
+    # As the worker's start hook leaves it: the settle presents the start's fence.
+    task = SimpleNamespace(app=app, request=SimpleNamespace(
+        headers=claimed.headers(), id=claimed.task_id, zsched_start=started))
     began = time.perf_counter()
     worker.on_failure(sender=task, task_id=claimed.task_id,
                       exception=exc if exc is not None else ValueError("boom"))

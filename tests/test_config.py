@@ -29,9 +29,10 @@ def _app(**conf: object) -> Celery:
 def test_defaults() -> None:
     """Every setting has its documented default."""
     s = Settings()
-    assert (s.redis_url, s.key_prefix, s.batch_size, s.lease_s) == ("", "{zsched}:", 1000, 60.0)
+    assert (s.redis_url, s.key_prefix, s.batch_size, s.lease_s) == ("", "{zsched}:", 1000, 30.0)
     assert (s.delivery_timeout_s, s.max_queued, s.queued_bound, s.heartbeat_s) == (
-        7200.0, 0, 10_000, 20.0)
+        7200.0, 0, 10_000, 10.0)
+    assert (s.publish_timeout_s, s.gateway_lease_s) == (30.0, 60.0)
     assert (s.max_jitter_s, s.default_interval_s, s.default_task) == (0.0, 300.0, "scrape")
     assert (s.retry_max, s.retry_base_s, s.retry_cap_s) == (3, 30.0, 3600.0)
     assert (s.max_deliveries, s.misfire_grace_s, s.events_maxlen, s.import_chunk) == (

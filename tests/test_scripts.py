@@ -36,11 +36,13 @@ def _job(job_id: str = "j1", **fields: Any) -> Job:
 
 
 def _claim_one(store: Store, job: Job | None = None) -> Claimed:
-    """Store a job and claim it: it is queued (published, not started)."""
+    """Store a job and claim it: it is queued (published and confirmed, as beat does, not
+    started)."""
     job = job or _job()
     store.upsert(job)
     batch = store.claim()
     assert [c.job.id for c in batch.jobs] == [job.id]
+    assert store.routed([(batch.jobs[0], "")]) == 1
     return batch.jobs[0]
 
 
@@ -187,7 +189,7 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     assert next_lease == now + 20_000
     assert room == 49
     assert res[4] == 0  # held back by pacing (off here)
-    assert res[5:] == [job.id, job.to_json(), due, 1, 1, due]
+    assert res[5:] == [job.id, job.to_json(), due, 1, 1, due, 0]  # fence 0: no start yet
     assert store.client.zscore(k.queued, job.id) == now + 20_000
     assert store.client.zscore(k.leases, job.id) is None
     assert _state(store, job.id).status == "queued"
@@ -856,8 +858,8 @@ def test_every_time_comes_from_redis_time(store: Store, monkeypatch: pytest.Monk
         batch = store.claim()
         assert [c.job.id for c in batch.jobs] == [job.id]
         assert abs(batch.now_ms - redis_ms()) < slack
-        delivery_ms = store.settings.delivery_timeout_s * 1000
-        assert store.client.zscore(store.keys.queued, job.id) == batch.now_ms + delivery_ms
+        publish_ms = store.settings.publish_timeout_s * 1000
+        assert store.client.zscore(store.keys.queued, job.id) == batch.now_ms + publish_ms
         assert abs(store.now_ms() - redis_ms()) < slack
         claimed = batch.jobs[0]
         started = store.start(job.id, claimed.occurrence, claimed.attempt)

@@ -38,6 +38,26 @@ local function current_state(key, id, occurrence, attempt, statuses)
   return nil
 end
 
+-- Fencing: whether a caller speaking for (``fence``, ``delivery``), ARGV strings,
+-- holds occurrence state ``st`` (whose occurrence and attempt already matched).
+--   fence given: the execution that a start (or the gateway's claim) numbered
+--     so, still running. A holder whose lease lapsed, and whose occurrence was
+--     reaped or handed out again, holds nothing: it can neither extend, retry
+--     nor settle.
+--   else delivery given: an occurrence that never started (expired at start,
+--     revoked, rejected, a misfire skip), still queued, named by a message
+--     that was published: 1 <= delivery <= publishes.
+--   neither: an unfenced caller (tests and tools): queued or running.
+local function holder_of(st, fence, delivery)
+  if fence and fence ~= "" then return st.s == "running" and (st.k or 0) == tonumber(fence) end
+  local waiting = st.s == "queued" or st.s == "leased"
+  if delivery and delivery ~= "" then
+    local n = tonumber(delivery)
+    return waiting and n ~= nil and n >= 1 and n <= (st.x or 0)
+  end
+  return waiting or st.s == "running"
+end
+
 -- Per-domain pacing (celery_zsched.domains; README "Politeness"). The hash
 -- ``domains`` holds each domain's learned state, ``domain_conf`` the operator's
 -- overrides ({delay = ms, cap = n, adaptive = bool}). A state's keys:

@@ -3,11 +3,14 @@
 --
 -- One script call claims each due occurrence for exactly one caller, however
 -- many beat processes (or gateways) run it at once: there is no leader lock.
--- Beat: a claimed occurrence waits in the broker under a long *delivery*
--- deadline; only a worker's start (start.lua) turns it into a running
--- execution with a short lease. The gateway claims from the HTTP schedule
--- straight into running under its execution lease (ARGV[5] = "running", KEYS[2]
--- = leases): there is no broker to wait in. Backpressure: at most ARGV[3]
+-- Beat: a claimed occurrence is queued under a short *publish* deadline, until
+-- beat confirms the publish (routed.lua sets the long delivery deadline): if
+-- beat dies between claim and publish, the reaper brings it back at once
+-- after that deadline. Only a worker's start (start.lua) turns it into a
+-- running execution with a short lease. The gateway claims from the HTTP
+-- schedule straight into running under its execution lease (ARGV[5] =
+-- "running", KEYS[2] = leases): there is no broker to wait in, and each
+-- claim numbers its holder (fencing, ``k``). Backpressure: at most ARGV[3]
 -- occurrences may sit in KEYS[2]; past that, due jobs stay in the schedule.
 -- Pacing (ARGV[4]): a due job whose domain's gate is closed, whose domain is at
 -- its cap, or whose breaker is open is not claimed; it moves to the next free
@@ -22,13 +25,15 @@
 -- KEYS[7] domains      hash  domain -> learned pacing state (cjson)
 -- KEYS[8] domain_conf  hash  domain -> operator overrides (cjson)
 -- ARGV[1] most jobs to claim
--- ARGV[2] delivery deadline (the gateway: execution lease), ms from now
+-- ARGV[2] deadline of a claimed occurrence, ms from now: the publish deadline
+--         (beat) or the execution lease (the gateway)
 -- ARGV[3] most occurrences in KEYS[2] (backpressure bound)
 -- ARGV[4] pacing settings JSON ("" = pacing off)
 -- ARGV[5] status of a claimed occurrence: queued (beat) | running (the gateway)
 -- ARGV[6] only jobs whose queue field is this ("" = any queue)
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, slots left, held,
---          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms}
+--          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms,
+--          fence (the holder's number: the gateway's lease token carries it)}
 -- next_due_ms is the schedule's first score; for the gateway, its first score
 -- in the future (jobs already due that a queue filter skipped do not count).
 local schedule, queued, leases, state, defs, counters =
@@ -145,7 +150,9 @@ if limit > 0 then
       else
         st.x = (st.x or 0) + 1
         st.s, st.due, st.p = status, score, now
-        if status == "running" then st.sa = now end
+        -- A new hand-out: not confirmed published, held by no worker yet.
+        st.q, st.w, st.tk = nil, nil, nil
+        if status == "running" then st.sa, st.k = now, (st.k or 0) + 1 end
         redis.call("ZADD", queued, deliver_by, id)
         redis.call("HSET", state, id, encode_state(st))
         claimed = claimed + 1
@@ -155,6 +162,7 @@ if limit > 0 then
         out[#out + 1] = st.a
         out[#out + 1] = st.x
         out[#out + 1] = score
+        out[#out + 1] = st.k or 0
       end
     else
       redis.call("HDEL", state, id)

@@ -1,10 +1,15 @@
--- reap.lua: recover occurrences whose worker died, or whose message was lost.
+-- reap.lua: recover occurrences whose worker or beat died, or whose message was lost.
 --
--- Two deadlines, two meanings:
+-- The deadlines and their meanings:
 --   * an execution lease that ended with no heartbeat means the worker died
 --     mid-task: the same occurrence and attempt become due again (same task
 --     id) and one crash is counted; after max_deliveries crashes the job is
 --     dead-lettered;
+--   * a hold that ended (a worker received the message, then stopped
+--     heartbeating before it started it: killed with its prefetch) and a
+--     publish deadline that passed (beat died between its claim and the
+--     confirmation of its publish): nothing will start it, so it becomes due
+--     again at once (same task id), with no crash counted: it never ran;
 --   * a delivery deadline that passed means the message never started. If a
 --     worker consuming its queue is alive, the broker lost it: it is
 --     republished (same task id), and no crash is counted. If none is, it is
@@ -33,16 +38,17 @@
 -- ARGV[3] delivery deadline, ms
 -- ARGV[4] a worker counts as alive this long after its last heartbeat, ms
 -- Returns {crashed and redelivered, dead-lettered, lost and republished,
---          held back (no worker alive), converted from "leased", then the ids
---          redelivered or republished, then the ids dead-lettered (the last
---          "dead-lettered" of them)}
+--          held back (no worker alive), converted from "leased", orphaned (held
+--          by a worker that died), unpublished (claimed by a beat that died),
+--          then the ids redelivered or republished, then the ids dead-lettered
+--          (the last "dead-lettered" of them)}
 local leases, queued, schedule, state, dead, defs, counters, workers =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local http, wake = KEYS[10], KEYS[11]
 local now = now_ms()
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
-local out = {0, 0, 0, 0, 0}
+local out = {0, 0, 0, 0, 0, 0, 0}
 local dead_ids = {}
 
 local domain, flush_domains = domain_cache(KEYS[9], nil)
@@ -68,7 +74,8 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
   redis.call("ZREM", leases, id)
   local st = live_state(id)
   if st and st.s == "leased" then
-    st.s, st.d = "queued", 0
+    -- It was published (under the old meaning, too): confirmed, to a queue unknown.
+    st.s, st.d, st.q, st.x = "queued", 0, st.q or "", math.max(st.x or 0, 1)
     redis.call("ZADD", queued, (st.p or now) + delivery_ms, id)
     redis.call("HSET", state, id, encode_state(st))
     out[5] = out[5] + 1
@@ -92,7 +99,7 @@ end
 redis.call("ZREMRANGEBYSCORE", workers, "-inf", now - 10 * alive_ms)
 local any_alive = #redis.call("ZRANGEBYSCORE", workers, now - alive_ms, "+inf", "LIMIT", 0, 1) > 0
 local function consumed(queue)
-  if not queue then return any_alive end
+  if queue == "" then return any_alive end
   local seen = redis.call("ZSCORE", workers, "q:" .. queue)
   return seen and tonumber(seen) >= now - alive_ms
 end
@@ -100,6 +107,14 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0,
   local st = live_state(id)
   if not st or (st.s ~= "queued" and st.s ~= "leased") then
     redis.call("ZREM", queued, id)
+  elseif st.w or not st.q then
+    local slot = st.w and 6 or 7
+    redis.call("ZREM", queued, id)
+    st.w = nil
+    reschedule(id, st)
+    redis.call("HSET", state, id, encode_state(st))
+    out[slot] = out[slot] + 1
+    out[#out + 1] = id
   elseif not consumed(st.q) then
     redis.call("ZADD", queued, now + delivery_ms, id)
     out[4] = out[4] + 1
@@ -116,4 +131,6 @@ for _, id in ipairs(dead_ids) do out[#out + 1] = id end
 if out[1] > 0 then redis.call("HINCRBY", counters, "redelivered", out[1]) end
 if out[2] > 0 then redis.call("HINCRBY", counters, "dead", out[2]) end
 if out[3] > 0 then redis.call("HINCRBY", counters, "lost", out[3]) end
+if out[6] > 0 then redis.call("HINCRBY", counters, "orphaned", out[6]) end
+if out[7] > 0 then redis.call("HINCRBY", counters, "unpublished", out[7]) end
 return out

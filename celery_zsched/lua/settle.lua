@@ -33,6 +33,8 @@
 -- ARGV[14] HTTP status the task reported ("" = none)
 -- ARGV[15] Retry-After the task reported, ms ("" = none)
 -- ARGV[16] pacing settings JSON ("" = pacing off: only the in-flight count moves)
+-- ARGV[17] fence of the execution settling ("" = it never started)
+-- ARGV[18] delivery number of the message settling without a start ("" = none)
 -- Returns {"ok", new status, now, consecutive failures, domain whose breaker this
 -- settle opened ("" = none)} | {"stale"} | {"changed"} | {"deleted", that domain}
 local schedule, leases, state, defs, paused, events, counters, queued =
@@ -43,10 +45,12 @@ local next_due = ARGV[6]
 
 local raw = redis.call("HGET", state, id)
 if not raw then return {"stale"} end
--- A settle may come from a worker (running) or for an occurrence that never
--- started (expired at start, revoked, rejected): both are current while queued.
+-- A settle may come from the execution that holds the occurrence (its fence),
+-- or for an occurrence that never started (expired at start, revoked,
+-- rejected, skipped), while it is queued: see holder_of. A zombie, or a report
+-- after the reap, finds neither and changes nothing.
 local st = decode_state(raw)
-if st.o ~= occ or st.a ~= attempt or st.s == "finished" or st.s == "dead" then
+if st.o ~= occ or st.a ~= attempt or not holder_of(st, ARGV[17], ARGV[18]) then
   return {"stale"}
 end
 local deleted = redis.call("HEXISTS", defs, id) == 0
@@ -116,7 +120,7 @@ elseif outcome == "error" then
   st.f, st.c, st.e = (st.f or 0) + 1, (st.c or 0) + 1, ARGV[9]
   if label == "error" then st.r = (st.r or 0) + 1 end
 end
-st.ls, st.l = label, now
+st.ls, st.l, st.w, st.tk = label, now, nil, nil
 
 redis.call("XADD", events, "MAXLEN", "~", ARGV[12], "*",
   "id", id, "occ", ARGV[2], "attempt", ARGV[3], "status", label,

@@ -28,13 +28,21 @@ class HeartbeatReport(_Strict):
                        description="The lease token `GET /jobs/next` handed out, as is.")
 
 
+#: The window an echoed time must fall in: 2000-01-01 to 2100-01-01, epoch ms. A
+#: time in microseconds or seconds, or a huge number, is refused here (400 naming
+#: it); one inside it but far from Redis' clock is dropped by the settle.
+EPOCH_MS_MIN, EPOCH_MS_MAX = 946_684_800_000, 4_102_444_800_000
+
+
 class CompleteReport(HeartbeatReport):
     """``POST /jobs/{id}/complete``: the lease, and the times it was handed out with."""
 
     scheduled_at: int | None = Field(
-        None, ge=0, description="Echo of the job's scheduled_at (epoch ms, Redis' clock).")
+        None, ge=EPOCH_MS_MIN, le=EPOCH_MS_MAX,
+        description="Echo of the job's scheduled_at (epoch ms, Redis' clock).")
     picked_up_at: int | None = Field(
-        None, ge=0, description="Echo of the job's picked_up_at (epoch ms, Redis' clock).")
+        None, ge=EPOCH_MS_MIN, le=EPOCH_MS_MAX,
+        description="Echo of the job's picked_up_at (epoch ms, Redis' clock).")
 
 
 class ErrorReport(CompleteReport):

@@ -50,7 +50,7 @@ class Gateway:
     def job_body(self, claimed: Claimed) -> dict[str, Any]:
         """What a worker gets: the job, and the lease it echoes back."""
         job = claimed.job
-        lease = Lease(job.id, claimed.occurrence, claimed.attempt)
+        lease = Lease(job.id, claimed.occurrence, claimed.attempt, claimed.fence)
         return JobOffer(
             id=job.id, url=job.url, interval_s=job.interval_s, cron=job.cron,
             timezone=job.timezone, meta=job.meta, queue=job.queue, task=job.task,
@@ -173,7 +173,8 @@ async def _settle(request: Request, job_id: str, report: CompleteReport, outcome
                "lateness_ms": picked - due if due is not None and picked is not None else None}
     result = await asyncio.to_thread(
         gateway.store.settle, lease.job_id, lease.occurrence, lease.attempt, outcome,
-        error=error, retry_after_s=retry_after, event=timings, http_status=status)
+        error=error, retry_after_s=retry_after, event=timings, http_status=status,
+        fence=lease.fence)
     # Start and end are both on Redis' clock: the claim's and the settle's.
     duration = (result.now_ms - picked if result.now_ms is not None and picked is not None
                 else None)
@@ -224,7 +225,7 @@ async def heartbeat(job_id: JobId, request: Request) -> JSONResponse:
     report = await read_model(request, HeartbeatReport)
     lease = gateway.lease_of(job_id, report.lease)
     gone = await asyncio.to_thread(
-        gateway.store.heartbeat, [(lease.job_id, lease.occurrence, lease.attempt)],
+        gateway.store.heartbeat, [(lease.job_id, lease.occurrence, lease.attempt, lease.fence)],
         lease_s=gateway.lease_s)
     if gone:
         return JSONResponse(NotExtended(extended=False, detail="this lease is no longer held: "

@@ -11,11 +11,18 @@ The stream holds about ``CELERY_ZSCHED_EVENTS_MAXLEN`` entries (100,000 by
 default): drain at least that often (the ``drain_history`` task every minute
 is plenty) or history has gaps. The mirror fields stay right regardless,
 since they are read from the jobs' Redis state, not summed from events.
+
+An entry that cannot become a row (a time or count out of any database's
+range, written by a careless or hostile worker) is skipped with one log line
+and counted (``history_skipped``: ``zsched stats``, the exporter's
+``zsched_history_skipped_events``): the cursor moves past it, so one bad
+event never stops the run history.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -33,8 +40,18 @@ from .conf import get_django_settings, get_store
 from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
 from .sync import IN_CHUNK, batched
 
+logger = logging.getLogger("celery_zsched.django")
+
 #: Stream entries read per round trip and written per transaction.
 BATCH = 1000
+#: Ranges a run's values must fall in to be stored: epoch ms and spans that a
+#: datetime and a JSON number hold exactly, and an attempt the column holds.
+_MAX_MS = 2**53 - 1
+_MAX_ATTEMPT = 2**31 - 1
+
+
+class UnconvertibleEvent(ValueError):
+    """A settle event whose values no database row can hold."""
 
 
 @dataclass
@@ -52,6 +69,8 @@ class DrainReport:
     cursor: str = "0"
     #: Audit trail entries copied into the change history (see :mod:`.audit`).
     changes: int = 0
+    #: Entries that could not become a row: skipped, logged and counted.
+    skipped: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -91,8 +110,12 @@ def _drain(store: Store, max_items: int, batch: int) -> DrainReport:
                 break
             events = [(label + sid, fields) for sid, fields in events]
             with transaction.atomic():
-                report.created += _record(events)
+                created, skipped = _record(events)
+                report.created += created
                 report.jobs_updated += _refresh_mirror(store, events)
+            if skipped:
+                report.skipped += skipped
+                store.count("history_skipped", skipped, part)
             # The cursor moves only after the rows are committed: a crash in between
             # re-reads entries whose rows exist, which the unique stream_id absorbs.
             cursor = events[-1][0].rpartition("/")[2]
@@ -125,28 +148,36 @@ def prune_history(days: int | None = None) -> int:
 
 # ---------------------------------------------------------------- internals
 def run_from_event(stream_id: str, fields: Mapping[str, str]) -> ZSchedRun:
-    """The :class:`ZSchedRun` of one stream entry (fields as written by ``settle.lua``)."""
+    """The :class:`ZSchedRun` of one stream entry (fields as written by ``settle.lua``).
+
+    Raises :class:`UnconvertibleEvent` when a value is out of every range a row holds.
+    """
     try:
         data: dict[str, Any] = json.loads(fields.get("data") or "{}") or {}
-    except ValueError:
+    except (ValueError, RecursionError):
         data = {}
-    settled = _int(fields.get("at")) or int(stream_id.rpartition("/")[2].partition("-")[0])
-    return ZSchedRun(
-        job_id=fields.get("id", ""),
-        occurrence=_int(fields.get("occ")) or 0,
-        attempt=_int(fields.get("attempt")) or 1,
-        status=fields.get("status", ""),
-        error=fields.get("error", ""),
-        task_id=str(data.get("task_id") or "")[:64],
-        due_at=to_db_datetime(_int(data.get("due_ms"))),
-        promoted_at=to_db_datetime(_int(data.get("promoted_ms"))),
-        started_at=to_db_datetime(_int(data.get("started_ms"))),
-        finished_at=to_db_datetime(settled),
-        wait_ms=_int(data.get("wait_ms")),
-        duration_ms=_int(data.get("duration_ms")),
-        lateness_ms=_int(data.get("lateness_ms")),
-        stream_id=stream_id,
-    )
+    if not isinstance(data, dict):
+        data = {}
+    settled = _int(fields.get("at")) or _int(stream_id.rpartition("/")[2].partition("-")[0])
+    try:
+        return ZSchedRun(
+            job_id=fields.get("id", ""),
+            occurrence=_bounded(fields.get("occ"), 0, _MAX_MS) or 0,
+            attempt=_bounded(fields.get("attempt"), 1, _MAX_ATTEMPT) or 1,
+            status=fields.get("status", ""),
+            error=fields.get("error", ""),
+            task_id=str(data.get("task_id") or "")[:64],
+            due_at=_when(data.get("due_ms")),
+            promoted_at=_when(data.get("promoted_ms")),
+            started_at=_when(data.get("started_ms")),
+            finished_at=_when(settled),
+            wait_ms=_bounded(data.get("wait_ms"), -_MAX_MS, _MAX_MS),
+            duration_ms=_bounded(data.get("duration_ms"), -_MAX_MS, _MAX_MS),
+            lateness_ms=_bounded(data.get("lateness_ms"), -_MAX_MS, _MAX_MS),
+            stream_id=stream_id,
+        )
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise UnconvertibleEvent(f"settle event {stream_id}: {exc}") from exc
 
 
 def _int(value: Any) -> int | None:
@@ -154,20 +185,40 @@ def _int(value: Any) -> int | None:
         return None
     try:
         return int(float(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
-def _record(events: Sequence[tuple[str, Mapping[str, str]]]) -> int:
+def _bounded(value: Any, low: int, high: int) -> int | None:
+    number = _int(value)
+    if number is not None and not low <= number <= high:
+        raise ValueError(f"{number!r:.30} is outside [{low}, {high}]")
+    return number
+
+
+def _when(value: Any) -> Any:
+    return to_db_datetime(_bounded(value, 0, _MAX_MS))
+
+
+def _record(events: Sequence[tuple[str, Mapping[str, str]]]) -> tuple[int, int]:
+    """Insert the runs of ``events`` not recorded yet: (created, skipped as unconvertible)."""
     ids = [stream_id for stream_id, _fields in events]
     seen: set[str] = set()
     for part in batched(ids, IN_CHUNK):
         seen.update(ZSchedRun.objects.filter(stream_id__in=part)
                     .values_list("stream_id", flat=True))
-    runs = [run_from_event(sid, fields) for sid, fields in events if sid not in seen]
+    runs, skipped = [], 0
+    for sid, fields in events:
+        if sid in seen:
+            continue
+        try:
+            runs.append(run_from_event(sid, fields))
+        except UnconvertibleEvent as exc:
+            skipped += 1
+            logger.warning("zsched: run history skips %s", exc)
     # ignore_conflicts too: a concurrent drain may insert the same entries now.
     ZSchedRun.objects.bulk_create(runs, batch_size=500, ignore_conflicts=True)
-    return len(runs)
+    return len(runs), skipped
 
 
 def _refresh_mirror(store: Store, events: Sequence[tuple[str, Mapping[str, str]]]) -> int:
