@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -251,22 +252,184 @@ def _receive(conn: Connection, what: str, timeout: float = CHILD_TIMEOUT_S) -> A
     return value
 
 
+class Child:
+    """``fn(*args)`` started in a fresh spawned process; :meth:`result` waits for its answer."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        ctx = mp.get_context("spawn")
+        self.name = fn.__name__
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=child_main, args=(fn, args, child), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def result(self, timeout: float = CHILD_TIMEOUT_S) -> Any:
+        """What ``fn`` returned; ``TimeoutError`` when it does not answer within ``timeout`` s."""
+        return _receive(self.conn, self.name, timeout)
+
+    def stop(self) -> None:
+        """Wait a little for the process to end, then kill it."""
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
 def run_child(fn: Callable[..., Any], *args: Any, timeout: float = CHILD_TIMEOUT_S) -> Any:
     """Run ``fn(*args)`` in a fresh spawned process and return its result.
 
     Raises ``TimeoutError`` when it does not answer within ``timeout`` seconds.
     """
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=child_main, args=(fn, args, child), daemon=True)
-    proc.start()
-    child.close()
+    child = Child(fn, *args)
     try:
-        return _receive(parent, fn.__name__, timeout)
+        return child.result(timeout)
     finally:
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
+        child.stop()
+
+
+# ---------------------------------------------------------- celery processes
+HERE = Path(__file__).resolve().parent
+CELERY = str(Path(sys.executable).parent / "celery")
+#: How long :meth:`CeleryFleet.stop` waits after SIGTERM before it kills.
+STOP_GRACE_S = 15.0
+#: Celery settings of a fleet's app: no results, no remote control or events (no
+#: traffic but the tasks'), UTC, no static beat entries.
+FLEET_APP_CONF: dict[str, Any] = {
+    "task_ignore_result": True,
+    "worker_enable_remote_control": False,
+    "worker_send_task_events": False,
+    "broker_connection_retry_on_startup": True,
+    "timezone": "UTC",
+    "beat_schedule": {},
+}
+
+
+def lazy_app(factory: Callable[[], Any]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) whose ``app`` is ``factory()``, built on first use.
+
+    ``__getattr__ = lazy_app(_make_app)`` in a benchmark makes it the Celery app
+    of ``celery -A <module>:app`` processes (with this directory on
+    ``PYTHONPATH``), while the benchmark itself never builds it, nor needs the
+    environment the app reads.
+    """
+    built: list[Any] = []
+
+    def module_getattr(name: str) -> Any:
+        if name != "app":
+            raise AttributeError(name)
+        if not built:
+            built.append(factory())
+        return built[0]
+
+    return module_getattr
+
+
+class CeleryFleet:
+    """``celery -A <app> worker`` and ``beat`` subprocesses, each in a session of its own.
+
+    A session of its own lets :meth:`stop` reach a prefork worker's pool
+    children too (a worker that is killed would otherwise leave them behind).
+    The processes inherit this environment without its ``ZSCHED_``,
+    ``CELERY_`` and ``DJANGO_`` variables (and those starting with one of
+    ``drop``): inherited settings would leak into the fleet, and
+    ``DJANGO_SETTINGS_MODULE`` (set under pytest-django) would make Celery's
+    Django fixup import a project. ``env`` is added, and this directory goes
+    first on ``PYTHONPATH``. Logs go to ``logdir/<tag>-<name>.log``.
+    """
+
+    def __init__(self, app: str, logdir: str, tag: str, env: dict[str, str],
+                 drop: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.logdir = logdir
+        self.tag = tag
+        keep = {k: v for k, v in os.environ.items()
+                if not k.startswith(("ZSCHED_", "CELERY_", "DJANGO_", *drop))}
+        self.env = {**keep, "PYTHONPATH": os.pathsep.join([str(HERE), keep.get("PYTHONPATH", "")]),
+                    **env}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        #: Each process's kind, by pid: "beat" or "workers".
+        self.kinds: dict[int, str] = {}
+
+    def spawn(self, kind: str, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``celery -A <app> *args`` as a process of ``kind``, logging to ``name``."""
+        with open(Path(self.logdir) / f"{self.tag}-{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [CELERY, "-A", self.app, *args], cwd=self.logdir, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        self.procs.append(proc)
+        self.kinds[proc.pid] = kind
+        return proc
+
+    def start_worker(self, name: str, concurrency: int) -> None:
+        """A prefork worker of ``concurrency`` children, named ``<name>-<tag>@<host>``,
+        without heartbeat, gossip or mingle (no chatter between workers)."""
+        self.spawn("workers", name, [
+            "worker", "-P", "prefork", "-c", str(concurrency), "-n", f"{name}-{self.tag}@%h",
+            "--loglevel", "WARNING", "--without-heartbeat", "--without-gossip",
+            "--without-mingle"])
+
+    def start_beat(self) -> None:
+        """``celery beat -S celery_zsched``."""
+        self.spawn("beat", "beat", ["beat", "-S", "celery_zsched", "--loglevel", "WARNING",
+                                    "-s", str(Path(self.logdir) / f"{self.tag}-beat-schedule")])
+
+    def wait_ready(self, client: redis.Redis, key: str, count: int,
+                   timeout: float = 120.0) -> None:
+        """Wait until the set ``key`` has ``count`` members (the app's ``worker_ready``
+        handler adds one per worker), while every process lives."""
+        deadline = time.monotonic() + timeout
+        while int(client.scard(key)) < count:  # type: ignore[arg-type]
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers did not get ready within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}; logs in "
+                                   f"{self.logdir}")
+
+    def send_signal(self, kind: str, sig: int) -> None:
+        """Send ``sig`` to every process of ``kind`` (not to its children)."""
+        for proc in self.procs:
+            if self.kinds[proc.pid] == kind:
+                os.kill(proc.pid, sig)
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds so far (user + system) of the beats and of the workers (pool
+        children included), by kind."""
+        out = {"beat": 0.0, "workers": 0.0}
+        for proc in self.procs:
+            with contextlib.suppress(psutil.Error):
+                top = psutil.Process(proc.pid)
+                for each in [top, *top.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        times = each.cpu_times()
+                        out[self.kinds[proc.pid]] += float(times.user + times.system)
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM every process group (beats first: no new claims), then kill what stays.
+
+        SIGCONT follows the SIGTERM, so a stopped process handles it too.
+        """
+        for proc in reversed(self.procs):
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            # The group too: a pool child may outlive its parent for a moment.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        self.procs.clear()
+        self.kinds.clear()
 
 
 # ------------------------------------------------------------------- import

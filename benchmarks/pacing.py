@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import itertools
 import json
@@ -57,7 +56,6 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,10 +71,16 @@ import psutil  # type: ignore[import-untyped]
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import RedisServer, command_calls, command_delta, run_child
+from bench import (
+    FLEET_APP_CONF,
+    CeleryFleet,
+    RedisServer,
+    command_calls,
+    command_delta,
+    lazy_app,
+    run_child,
+)
 
-HERE = Path(__file__).resolve().parent
-CELERY = str(Path(sys.executable).parent / "celery")
 PREFIX = "{pace}:"
 WEEK_S = 7 * 86400.0  # the interval of every job: each fires at most once in a run
 PARTS = ("fleet", "drain", "cost", "idle")
@@ -87,7 +91,6 @@ DRAIN_POLL_S = 0.005
 #: Environment of the beat and worker processes (the ``ZSCHED_*`` settings go there too).
 ENV_BROKER = "PACING_BENCH_BROKER_URL"
 ENV_READY = "PACING_BENCH_READY_KEY"
-STOP_GRACE_S = 15.0
 #: What the target records of a request: (arrival, wall-clock s; the address the
 #: client connected to; the Host header; the path).
 Hit = tuple[float, str, str, str]
@@ -170,14 +173,7 @@ def _make_app() -> Any:
     from celery_zsched.errors import JobFailed
 
     app = Celery("zsched_pacing_bench", broker=os.environ[ENV_BROKER])
-    app.conf.update(
-        task_ignore_result=True,
-        worker_enable_remote_control=False,
-        worker_send_task_events=False,
-        broker_connection_retry_on_startup=True,
-        timezone="UTC",
-        beat_schedule={},
-    )
+    app.conf.update(FLEET_APP_CONF)
 
     @app.task(name="scrape")
     def scrape(url: str, meta: dict[str, Any] | None = None) -> int:
@@ -207,18 +203,9 @@ def _make_app() -> Any:
     return app
 
 
-_APP: Any = None
-
-
-def __getattr__(name: str) -> Any:
-    """``pacing.app``, built on first use (PEP 562), so only ``celery -A pacing:app``
-    processes build it: the benchmark itself never needs the environment it reads."""
-    global _APP
-    if name == "app":
-        if _APP is None:
-            _APP = _make_app()
-        return _APP
-    raise AttributeError(name)
+#: ``pacing.app``, built on first use, so only ``celery -A pacing:app`` processes
+#: build it: the benchmark itself never needs the environment it reads.
+__getattr__ = lazy_app(_make_app)
 
 
 # ----------------------------------------------------------- the HTTP target
@@ -328,93 +315,30 @@ class FleetCfg:
     tolerance_s: float
 
 
-class Fleet:
-    """``celery beat -S celery_zsched`` and prefork ``celery worker`` subprocesses.
-
-    Each runs in a session of its own, so stopping it reaches its pool children
-    too (a prefork worker that is killed would otherwise leave them behind).
-    """
+class Fleet(CeleryFleet):
+    """``celery beat -S celery_zsched`` and prefork ``celery worker`` subprocesses
+    of ``pacing:app`` (see :class:`~bench.CeleryFleet`)."""
 
     def __init__(self, cfg: FleetCfg, pacing: bool, tag: str,
                  extra_env: dict[str, str] | None = None) -> None:
         self.cfg = cfg
-        self.tag = tag
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.ready_key = f"pacebench:ready:{tag}"
-        # Inherited settings would leak into the fleet; DJANGO_SETTINGS_MODULE (set
-        # under pytest-django) would make Celery's Django fixup import a project.
-        keep = {k: v for k, v in os.environ.items()
-                if not k.startswith(("ZSCHED_", "CELERY_", "PACING_BENCH_", "DJANGO_"))}
-        self.env = {
-            **keep,
-            "PYTHONPATH": os.pathsep.join([str(HERE), keep.get("PYTHONPATH", "")]),
+        super().__init__("pacing:app", cfg.logdir, tag, {
             ENV_BROKER: cfg.broker_url, ENV_READY: self.ready_key,
             "ZSCHED_REDIS_URL": cfg.store_url, "ZSCHED_KEY_PREFIX": PREFIX,
             "ZSCHED_PACING": "true" if pacing else "false",
             "ZSCHED_DOMAIN_DELAY_S": str(cfg.delay_s), "ZSCHED_DOMAIN_MAX_IN_FLIGHT": "1",
             **(extra_env or {}),
-        }
-
-    def _spawn(self, name: str, args: list[str]) -> None:
-        with open(Path(self.cfg.logdir) / f"{self.tag}-{name}.log", "wb") as log:
-            self.procs.append(subprocess.Popen(
-                [CELERY, "-A", "pacing:app", *args], cwd=self.cfg.logdir, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True))
+        }, drop=("PACING_BENCH_",))
 
     def start_workers(self) -> None:
         for i in range(self.cfg.workers):
-            self._spawn(f"worker{i}", [
-                "worker", "-P", "prefork", "-c", str(self.cfg.concurrency),
-                "-n", f"pace{i}-{self.tag}@%h", "--loglevel", "WARNING",
-                "--without-heartbeat", "--without-gossip", "--without-mingle"])
+            self.start_worker(f"pace{i}", self.cfg.concurrency)
         client = redis.Redis.from_url(self.cfg.store_url)
-        deadline = time.monotonic() + 120
-        while int(client.scard(self.ready_key)) < self.cfg.workers:
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError("the workers did not get ready within 120 s")
-            time.sleep(0.1)
-        client.close()
-
-    def start_beat(self) -> None:
-        self._spawn("beat", ["beat", "-S", "celery_zsched", "--loglevel", "WARNING",
-                             "-s", str(Path(self.cfg.logdir) / f"{self.tag}-beat-schedule")])
-
-    def check_alive(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}; logs in "
-                                   f"{self.cfg.logdir}")
-
-    def cpu_s(self) -> dict[str, float]:
-        """CPU seconds so far of the beat and of the workers (pool children included)."""
-        out = {"beat": 0.0, "workers": 0.0}
-        for proc in self.procs:
-            kind = "beat" if "beat" in proc.args else "workers"  # type: ignore[operator]
-            with contextlib.suppress(psutil.Error):
-                top = psutil.Process(proc.pid)
-                for each in [top, *top.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        times = each.cpu_times()
-                        out[kind] += float(times.user + times.system)
-        return out
-
-    def stop(self) -> None:
-        """SIGTERM every process group (beat first: no new claims), then kill what stays."""
-        for proc in reversed(self.procs):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            # The group too: a pool child may outlive its parent for a moment.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-        self.procs.clear()
+        try:
+            self.wait_ready(client, self.ready_key, self.cfg.workers)
+        finally:
+            client.close()
 
 
 def gap_stats(by_domain: dict[str, list[float]], delay_s: float, tolerance_s: float,

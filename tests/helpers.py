@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 from celery_zsched.job import Job
 from celery_zsched.store import Store
@@ -105,3 +111,29 @@ def settle_all(store: Store, host: str, count: int, outcome: str, status: int,
     for c in claimed:
         store.settle(c.job.id, c.occurrence, c.attempt, outcome, error=f"HTTP {status}",
                      http_status=status, retry_after_s=retry_after_s)
+
+
+#: The marks of a test that runs a script of benchmarks/ as a person does (a
+#: subprocess that starts its own redis-servers and Celery processes).
+BENCHMARK_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+]
+
+
+def run_benchmark(script: str, *args: str, timeout: float) -> list[list[str]]:
+    """Run ``benchmarks/<script>`` with ``args``; the cells of each row of the
+    markdown tables it printed. Fails unless it exits 0.
+
+    Inherited zsched and Celery settings, and pytest-django's
+    ``DJANGO_SETTINGS_MODULE``, are left out of its environment.
+    """
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ZSCHED_", "CELERY_", "DJANGO_SETTINGS_MODULE"))}
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=root,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return [line.strip("| ").split(" | ") for line in proc.stdout.splitlines()
+            if line.startswith("| ")]
