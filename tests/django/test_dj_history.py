@@ -119,3 +119,32 @@ def test_malformed_event_fields_do_not_stop_the_drain(zstore: Store,
     assert history.drain().created == 1
     run = ZSchedRun.objects.get()
     assert (run.job_id, run.occurrence, run.task_id, run.wait_ms) == ("x", 12, "", None)
+
+
+@pytest.mark.parametrize("bad", [
+    {"data": '{"due_ms": 1000000000000000000000000000000}'},  # 10**30
+    {"data": '{"started_ms": 1795488021269000}'},  # a worker's microseconds
+    {"data": '{"wait_ms": -99999999999999999999}'},
+    {"occ": "1e30"}, {"attempt": "99999999999"}, {"at": "9" * 40},
+], ids=["due-1e30", "started-us", "wait-huge", "occ-1e30", "attempt-huge", "at-huge"])
+def test_an_event_no_row_can_hold_is_skipped_counted_and_the_runs_after_it_recorded(
+        zstore: Store, rclient: redis.Redis, make_row: Callable[..., ZSchedJob],
+        bad: dict[str, str]) -> None:
+    """One poison event never stops the run history: the drain logs and counts it
+    (``history_skipped``, the exporter's ``zsched_history_skipped_events``), moves the
+    cursor past it, and records every run after it, now and on the next drain."""
+    rclient.xadd(zstore.keys.events, {"id": "poison", "occ": "12", "attempt": "1",
+                                      "status": "complete", "at": str(zstore.now_ms()),
+                                      "data": "{}", **bad})
+    make_row(0)
+    assert _run_all(zstore) == 1
+    report = history.drain()
+    assert (report.read, report.created, report.skipped) == (2, 1, 1)
+    assert list(ZSchedRun.objects.values_list("job_id", flat=True)) != ["poison"]
+    assert ZSchedRun.objects.count() == 1
+    assert zstore.stats()["total_history_skipped"] == 1
+    make_row(1)
+    assert _run_all(zstore) >= 1
+    again = history.drain()
+    assert (again.skipped, again.created) == (0, again.read)
+    assert not ZSchedRun.objects.filter(job_id="poison").exists()

@@ -11,6 +11,7 @@ stopped in teardown, with a check that none is left behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -21,13 +22,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+import kombu
 import psutil
 import pytest
 import redis
@@ -47,6 +49,7 @@ from .names import (
     TASK_ID_PARAM,
     WORKER_ID_PARAM,
 )
+from .targets import PacedTarget, serve_targets
 
 T = TypeVar("T")
 
@@ -204,6 +207,13 @@ class _TargetHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
+def targets() -> Iterator[Callable[..., PacedTarget]]:
+    """``targets(hold_s, answer=...)``: a :class:`~tests.e2e.targets.PacedTarget` on a
+    loopback address of its own (a domain of its own); all stopped in teardown."""
+    yield from serve_targets()
+
+
+@pytest.fixture
 def target() -> Iterator[TargetServer]:
     """A local HTTP scrape target in a thread, on a free port of 127.0.0.1."""
     server = TargetServer()
@@ -344,7 +354,8 @@ class Deployment:
     env: dict[str, str]
     settings: Settings
     store: Store
-    broker: redis.Redis
+    #: The broker's Redis database (``None`` when the broker is RabbitMQ).
+    broker: redis.Redis | None
     queue: str
     procs: list[Proc] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -389,8 +400,10 @@ class Deployment:
             {ENV_BEAT_SCHEDULE: json.dumps(beat_schedule or {}), **(env or {})})
 
     def start_worker(self, name: str = "worker", pool: str = "solo",
-                     concurrency: int = 1, env: dict[str, str] | None = None) -> Proc:
-        """``celery worker`` consuming this deployment's queue (``env``: extra variables).
+                     concurrency: int = 1, env: dict[str, str] | None = None,
+                     args: Sequence[str] = ()) -> Proc:
+        """``celery worker`` consuming this deployment's queue (``env``: extra variables,
+        ``args``: more command-line options).
 
         Its tasks tell the target ``name`` (:attr:`Hit.worker`): give each
         worker process a name of its own.
@@ -398,7 +411,7 @@ class Deployment:
         return self._spawn(name, [
             "worker", "-P", pool, "-c", str(concurrency), "-Q", self.queue,
             "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
-            "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            "--without-heartbeat", "--without-gossip", "--without-mingle", *args],
             {ENV_WORKER_ID: name, **(env or {})})
 
     def check_alive(self) -> None:
@@ -465,16 +478,22 @@ def deploy(request: pytest.FixtureRequest, redis_server: Any, tmp_path: Path
     request.node.stash[_LOGS] = []
     host, port = redis_server.host, redis_server.port
 
-    def make(store_url: str | None = None, **overrides: Any) -> Deployment:
+    def make(store_url: str | None = None, *, broker: str = "redis",
+             **overrides: Any) -> Deployment:
         index = len(made)
         db = next(_BROKER_DBS)
         queue = f"e2e-{uuid.uuid4().hex[:8]}"
+        if broker == "amqp":
+            problem = amqp_unreachable(AMQP_URL)
+            if problem is not None:
+                pytest.fail(f"RabbitMQ unreachable at {AMQP_URL} ({problem})")
         env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
         env.update({
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                         env.get("PYTHONPATH", "")])),
             "PYTHONUNBUFFERED": "1",
-            ENV_BROKER_URL: f"redis://{host}:{port}/{db}",
+            # RabbitMQ: the default vhost, queues of this deployment's own name.
+            ENV_BROKER_URL: AMQP_URL if broker == "amqp" else f"redis://{host}:{port}/{db}",
             ENV_QUEUE: queue,
             "ZSCHED_REDIS_URL": store_url or f"redis://{host}:{port}/0",
             "ZSCHED_KEY_PREFIX": "{e2e" + uuid.uuid4().hex[:8] + "}:",
@@ -483,10 +502,12 @@ def deploy(request: pytest.FixtureRequest, redis_server: Any, tmp_path: Path
         settings = Settings.from_mapping({"zsched_default_task": SCRAPE_TASK}, env)
         workdir = tmp_path / f"deploy{index}"
         workdir.mkdir()
-        broker = redis.Redis(host=host, port=port, db=db)
-        broker.flushdb()  # a database of its own on our throwaway server
+        broker_db = None
+        if broker != "amqp":
+            broker_db = redis.Redis(host=host, port=port, db=db)
+            broker_db.flushdb()  # a database of its own on our throwaway server
         deployment = Deployment(workdir, env, settings, Store.from_settings(settings),
-                                broker, queue, logs=request.node.stash[_LOGS])
+                                broker_db, queue, logs=request.node.stash[_LOGS])
         made.append(deployment)
         return deployment
 
@@ -499,11 +520,35 @@ def deploy(request: pytest.FixtureRequest, redis_server: Any, tmp_path: Path
             errors.append(exc)
         with contextlib.suppress(redis.RedisError):
             deployment.store.client.delete(*deployment.store.keys.all())
-        with contextlib.suppress(redis.RedisError):
-            deployment.broker.flushdb()
+        if deployment.broker is not None:
+            with contextlib.suppress(redis.RedisError):
+                deployment.broker.flushdb()
+            deployment.broker.close()
+        else:
+            delete_amqp_queue(deployment.queue)
         deployment.store.client.close()
-        deployment.broker.close()
     assert not errors, errors
+
+
+#: The local RabbitMQ (``ZSCHED_TEST_AMQP_URL`` overrides it), for ``deploy(broker="amqp")``.
+AMQP_URL = os.environ.get("ZSCHED_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+@functools.cache
+def amqp_unreachable(url: str) -> str | None:
+    """``None``, or why RabbitMQ cannot be reached (asked once per session)."""
+    try:
+        with kombu.Connection(url, connect_timeout=3) as conn:
+            conn.connect()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def delete_amqp_queue(queue: str) -> None:
+    """Delete a deployment's queue (and its messages) from RabbitMQ."""
+    with contextlib.suppress(Exception), kombu.Connection(AMQP_URL, connect_timeout=5) as conn:
+        kombu.Queue(queue, channel=conn.channel()).delete()
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -22,12 +24,14 @@ from celery_zsched.errors import JobFailed
 from celery_zsched.http_status import parse_retry_after
 
 from .names import (
+    ENV_ACKS_LATE,
+    ENV_BEAT_DIE_AFTER_S,
     ENV_BEAT_SCHEDULE,
     ENV_BROKER_URL,
     ENV_HTTP_TIMEOUT_S,
     ENV_QUEUE,
-    ENV_VISIBILITY_TIMEOUT_S,
     ENV_WORKER_ID,
+    OTHER_TASK,
     SCRAPE_TASK,
     TASK_ID_PARAM,
     WORKER_ID_PARAM,
@@ -40,21 +44,28 @@ app.conf.update(
     task_default_queue=os.environ[ENV_QUEUE],
     task_ignore_result=True,
     # Early ack (Celery's default), so a worker killed mid-task loses the
-    # message: only the zsched lease can bring the occurrence back.
-    task_acks_late=False,
+    # message: only the zsched lease can bring the occurrence back. A test sets
+    # E2E_ACKS_LATE=1 where the late ack is the point.
+    task_acks_late=os.environ.get(ENV_ACKS_LATE) == "1",
     worker_enable_remote_control=False,
     worker_send_task_events=False,
     timezone="UTC",
     beat_schedule=json.loads(os.environ.get(ENV_BEAT_SCHEDULE) or "{}"),
     zsched_default_task=SCRAPE_TASK,
 )
-if os.environ.get(ENV_VISIBILITY_TIMEOUT_S):
-    # Messages a SIGKILLed worker had prefetched (unacked) come back this soon,
-    # from a sweep every second (kombu's default sweeps every 100 s).
-    app.conf.broker_transport_options = {
-        "visibility_timeout": float(os.environ[ENV_VISIBILITY_TIMEOUT_S]),
-        "unacked_restore_interval": 1, "unacked_restore_throttle": 1,
-        "unacked_mutex_expire": 5}
+if os.environ.get(ENV_BEAT_DIE_AFTER_S):
+    from celery_zsched.scheduler import ZSchedScheduler
+
+    _DIE_AT = time.monotonic() + float(os.environ[ENV_BEAT_DIE_AFTER_S])
+    _publish = ZSchedScheduler._publish
+
+    def _publish_or_die(self: ZSchedScheduler, jobs: Any) -> int:
+        # Claimed, not yet published: the moment a beat crash costs the most.
+        if jobs and time.monotonic() >= _DIE_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _publish(self, jobs)
+
+    ZSchedScheduler._publish = _publish_or_die  # type: ignore[method-assign]
 
 
 class TargetError(JobFailed):
@@ -117,3 +128,11 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
         raise self.retry(countdown=float(meta["celery_retry_s"]))
     celery_zsched.worker.report("complete", status=status)
     return status
+
+
+@app.task(name=OTHER_TASK)
+def other(url: str, meta: dict[str, Any] | None = None) -> int:
+    """Another task: it fetches ``url`` too, so a run of it would show at the target."""
+    tagged = _with_task_id(url, "other")
+    with urllib.request.urlopen(tagged, timeout=10) as resp:
+        return int(resp.status)

@@ -15,10 +15,15 @@ SCRAPE_TASK = "e2e.scrape"
 ENV_BROKER_URL = "E2E_BROKER_URL"
 ENV_QUEUE = "E2E_QUEUE"
 ENV_HTTP_TIMEOUT_S = "E2E_HTTP_TIMEOUT_S"
-#: kombu's Redis ``visibility_timeout`` (s): when an unacked message comes back.
-ENV_VISIBILITY_TIMEOUT_S = "E2E_VISIBILITY_TIMEOUT_S"
 #: Name of the worker process (incarnation) that runs a task, set per worker.
 ENV_WORKER_ID = "E2E_WORKER_ID"
+#: Seconds after which a beat SIGKILLs itself between a claim and its publish (the
+#: first non-empty batch from then on): a beat crash at the worst moment.
+ENV_BEAT_DIE_AFTER_S = "E2E_BEAT_DIE_AFTER_S"
+#: "1": the app acknowledges late (``task_acks_late``); else early, Celery's default.
+ENV_ACKS_LATE = "E2E_ACKS_LATE"
+#: A second task of the app, never any job's: what a forged message may name.
+OTHER_TASK = "e2e.other"
 #: JSON of the app's static ``beat_schedule`` (schedules in seconds).
 ENV_BEAT_SCHEDULE = "E2E_BEAT_SCHEDULE"
 #: Query parameter through which the scrape task tells the target its Celery task id.

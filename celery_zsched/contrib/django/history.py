@@ -237,9 +237,13 @@ def _refresh_mirror(store: Store, events: Sequence[tuple[str, Mapping[str, str]]
             # The job left Redis since (deleted): keep its counters, record
             # the last outcome from the event itself.
             fields = last[job_id]
+            try:
+                last_run = _when(fields.get("at"))
+            except (OverflowError, ValueError):
+                last_run = None  # that event was skipped, and is not the job's last run
             targets[job_id] = {
                 "last_status": fields.get("status", ""), "last_error": fields.get("error", ""),
-                "last_run_at": to_db_datetime(_int(fields.get("at")))}
+                "last_run_at": last_run}
     changed: list[ZSchedJob] = []
     for part in batched(ids, IN_CHUNK):
         rows = ZSchedJob.objects.filter(job_id__in=part).only("pk", "job_id", *MIRROR_FIELDS)

@@ -1,0 +1,188 @@
+"""A worker killed with its prefetch costs one lease, not the broker's visibility timeout.
+
+Issue 18. A prefork worker's whole process tree is SIGKILLed again and again
+(an OOM kill, a lost node, a pod killed after its grace period) while jobs
+fall due, once on the Redis broker and once on RabbitMQ. Every timeout is its
+default: the lease (30 s), the delivery deadline (2 h), kombu's visibility
+timeout (1 h). On Redis, kombu keeps what a dead worker had prefetched in its
+``unacked`` hash until that visibility timeout; the worker's main process held
+each message it received (``task_received``) under its lease, so the reaper
+republishes them one lease after the death. RabbitMQ requeues them itself the
+moment the connection dies. Either way:
+
+* every occurrence a dead worker held (started or only received) starts again
+  within two leases of the kill (the restart's arrival at the target, against
+  the kill, both on this machine's clock, which is the one Redis' ``TIME``
+  reads); so does every other occurrence in flight then, which only waited in
+  the broker;
+* every re-execution is explained by a kill of the worker that ran the first;
+* no job is parked at the end: each one settles a run after the loop;
+* dead letters only for jobs whose executions were really killed
+  ``max_deliveries`` times.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from celery_zsched.store import task_id_for
+
+from .conftest import Deployment
+from .observe import SOAK, counters, report, states, wait_all, wait_ready
+from .targets import Arrival, PacedTarget
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
+
+JOBS = 500 if SOAK else 120
+KILLS = 50 if SOAK else 6
+INTERVAL_S = 90.0 if SOAK else 20.0
+CONCURRENCY = 8 if SOAK else 4
+#: Each request is held this long at the target, so kills land on running tasks.
+TASK_S = 0.3
+#: Between a worker being ready and its kill.
+ALIVE_S = (2.0, 4.0)
+
+#: (job id, occurrence, attempt)
+Occ = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One SIGKILL of a worker's whole tree, and what it held then."""
+
+    worker: str
+    at_ms: int  # Redis' clock, right after the kill
+    #: Started by it and not settled: these executions were killed.
+    running: frozenset[Occ]
+    #: Received by it and not started (its main process held them): on RabbitMQ none
+    #: are recorded, since the broker itself requeues them.
+    held: frozenset[Occ]
+    #: Every occurrence in flight at the kill (queued or running), held or not.
+    in_flight: frozenset[Occ]
+
+
+def _snapshot(d: Deployment, worker: str, main_pid: int, at_ms: int,
+              seen: set[tuple[str, int, int, int]]) -> Kill:
+    """What the kill of ``worker`` hit. An execution still running from an earlier kill
+    (its lease has not run out yet) is in ``seen``: it was that kill's."""
+    running: set[Occ] = set()
+    held: set[Occ] = set()
+    in_flight: set[Occ] = set()
+    for job_id, st in states(d).items():
+        occ = (job_id, st.occurrence, st.attempt)
+        if st.status in ("queued", "running"):
+            in_flight.add(occ)
+        execution = (*occ, st.started_ms or 0)
+        if st.status == "running" and execution not in seen:
+            seen.add(execution)
+            running.add(occ)
+        elif st.status == "queued" and (st.holder or "").endswith(f":{main_pid}"):
+            held.add(occ)
+    return Kill(worker, at_ms, frozenset(running), frozenset(held), frozenset(in_flight))
+
+
+def _restarts(kill: Kill, arrivals: list[Arrival], dead: set[str]) -> dict[Occ, int | None]:
+    """Ms from the kill to the first arrival of each occurrence in flight then (its
+    restart; ``None``: it never ran again). Dead-lettered jobs are left out."""
+    first: dict[str, int] = {}
+    for arrival in arrivals:
+        at_ms = int(arrival.at * 1000)
+        if at_ms > kill.at_ms:
+            first.setdefault(arrival.task_id, at_ms)
+    return {occ: (first[task_id_for(*occ)] - kill.at_ms) if task_id_for(*occ) in first
+            else None
+            for occ in kill.in_flight if occ[0] not in dead}
+
+
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_timeout(
+        broker: str, deploy: Callable[..., Deployment], targets: Callable[..., PacedTarget],
+        request: pytest.FixtureRequest) -> None:
+    d = deploy(broker=broker)  # every timeout at its default
+    lease_ms = int(d.settings.lease_s * 1000)
+    target = targets(TASK_S)
+    jobs = [d.job(url=target.url(f"/crash/{i}"), interval_s=INTERVAL_S) for i in range(JOBS)]
+    # All due at once, and again an interval after each run: waves, so that kills find
+    # workers with a full prefetch (received, not started), not only running tasks.
+    assert d.store.upsert_many(jobs, stagger=False).created == JOBS
+    ids = [job.id for job in jobs]
+    d.start_beat()
+
+    rng = random.Random(18)
+    kills: list[Kill] = []
+    seen: set[tuple[str, int, int, int]] = set()
+    for k in range(KILLS):
+        worker = d.start_worker(f"w{k}", pool="prefork", concurrency=CONCURRENCY)
+        wait_ready(d, worker)
+        time.sleep(rng.uniform(*ALIVE_S))
+        main_pid = worker.pid
+        tree = worker.kill_tree()
+        # Redis may still be applying a command the worker sent before it died.
+        time.sleep(0.1)
+        kills.append(_snapshot(d, worker.name, main_pid, d.store.now_ms(), seen))
+        worker.wait_dead(tree)
+
+    end_ms = d.store.now_ms()
+    wait_ready(d, d.start_worker("last", pool="prefork", concurrency=CONCURRENCY))
+    try:
+        final = wait_all(d, ids,
+                         lambda st: st.status == "dead" or (st.last_settled_ms or 0) > end_ms,
+                         INTERVAL_S + 2 * lease_ms / 1000 + 90,
+                         "every live job to settle a run after the crash loop")
+    except AssertionError as exc:
+        stuck = {job_id: st for job_id, st in states(d).items()
+                 if st.status != "dead" and (st.last_settled_ms or 0) <= end_ms}
+        deadlines = d.store.client.zrange(d.store.keys.queued, 0, 4, withscores=True)
+        raise AssertionError(f"{exc}: {len(stuck)} parked, e.g. {list(stuck.items())[:3]}; "
+                             f"first deadlines {deadlines}, now {d.store.now_ms()}") from None
+
+    arrivals = target.arrivals()
+    dead = {job_id for job_id, st in final.items() if st.status == "dead"}
+    after = [_restarts(kill, arrivals, dead) for kill in kills]
+    restarts = sorted(ms for one in after for ms in one.values() if ms is not None)
+    held_restarts = sorted(ms for kill, one in zip(kills, after, strict=True)
+                           for occ, ms in one.items() if occ in kill.held and ms is not None)
+    held = [occ for kill in kills for occ in kill.held]
+    parked = [occ for one in after for occ, ms in one.items() if ms is None]
+    # Re-executions: consecutive arrivals of one task id must be explained by a kill
+    # of the worker that ran the earlier one, while it ran it.
+    by_task: dict[str, list[Arrival]] = {}
+    for arrival in arrivals:
+        by_task.setdefault(arrival.task_id, []).append(arrival)
+    killed = {(kill.worker, task_id_for(*occ)): kill for kill in kills for occ in kill.running}
+    unexplained = [(task_id, a.worker, b.worker)
+                   for task_id, hits in by_task.items()
+                   for a, b in itertools.pairwise(hits)
+                   if (a.worker, task_id) not in killed
+                   or b.at * 1000 <= killed[(a.worker, task_id)].at_ms]
+    crashes = Counter(occ for kill in kills for occ in kill.running)
+    expected_dead = {occ[0] for occ, n in crashes.items() if n >= d.settings.max_deliveries}
+    tally = counters(d)
+    report(request, f"worker_crash_loop_{broker}", jobs=JOBS, kills=KILLS,
+           killed_executions=sum(crashes.values()), held_unstarted=len(held),
+           restarts=len(restarts),
+           restart_ms_p50=restarts[len(restarts) // 2] if restarts else None,
+           restart_ms_max=restarts[-1] if restarts else None,
+           held_restart_ms_p50=held_restarts[len(held_restarts) // 2] if held_restarts else None,
+           held_restart_ms_max=held_restarts[-1] if held_restarts else None, lease_ms=lease_ms,
+           unexplained_reexecutions=len(unexplained), parked=len(parked),
+           dead=len(dead), dead_expected=len(expected_dead), orphaned=tally["orphaned"],
+           redelivered=tally["redelivered"], duplicates_dropped=tally["duplicates"],
+           executions=len(arrivals), occurrences=len(by_task))
+
+    assert sum(crashes.values()) >= 1, "the kills must land on running tasks"
+    if broker == "redis":
+        assert held, "the kills must land on prefetched, unstarted messages"
+        assert tally["orphaned"] >= 1
+    assert restarts and restarts[-1] <= 2 * lease_ms, restarts[-5:]
+    assert not parked, parked[:5]
+    assert not unexplained, unexplained[:5]
+    assert dead == expected_dead, (dead, expected_dead)
+
