@@ -9,13 +9,15 @@ lapsed while it stalled cannot extend the lease of the worker that runs the
 occurrence now.
 
 The worker's main process also holds the messages it received and has not
-started (its prefetch, countdowns it waits out), under the same lease: a
-receipt is sent at once (the thread wakes for it, and sends every receipt
-that arrived meanwhile in one call), then kept alive with the leases. When the
-worker dies, the reaper republishes what it held one lease later, instead of
-after the broker's visibility timeout. And it records itself as alive, which
-is what tells the reaper that a message past its delivery deadline was lost
-rather than only waiting for workers to come back.
+started (its prefetch, countdowns it waits out), under the same lease, kept
+alive by the same beats: when the worker dies, the reaper republishes what it
+held one lease later, instead of after the broker's visibility timeout. A
+message taken less than a beat before the death has no hold yet: on a Redis
+broker beat finds it in the broker's unacked index a lease later
+(:mod:`celery_zsched.unacked`). Holding costs no round trip of its own. And
+the worker records itself as alive, which is what tells the reaper that a
+message past its delivery deadline was lost rather than only waiting for
+workers to come back.
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ class Heartbeat:
         # Keyed by the worker's request object: a message that is done (run,
         # dropped or rejected) is no longer referenced, and so no longer held.
         self._held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
-        self._receipts: list[Held] = []
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def track(self, job_id: str, occurrence: int, attempt: int,
@@ -72,13 +72,11 @@ class Heartbeat:
 
     def hold(self, request: Any, row: Held, holder: str) -> None:
         """Hold the message of ``request`` (id, occurrence, attempt, delivery, task) for as
-        long as the request object lives; its receipt goes out now, in the background."""
+        long as the request object lives, from the next beat on."""
         with self._lock:
             self._held[request] = row
-            self._receipts.append(row)
             self.holder = self.holder or holder
         self._ensure_thread()
-        self._wake.set()
 
     def unhold(self, job_id: str) -> None:
         """This process started (or dropped) ``job_id``'s message: it holds it no more."""
@@ -109,25 +107,12 @@ class Heartbeat:
 
     def beat(self) -> None:
         """One heartbeat now: extend every lease held and every hold, drop what moved on."""
-        with self._lock:
-            self._receipts.clear()  # every hold goes out in this beat
-        self._send(self.running(), self.held(), announce=True)
-
-    def send_receipts(self) -> None:
-        """Send the holds received since the last call (the first beat of each)."""
-        with self._lock:
-            receipts, self._receipts = self._receipts, []
-        if receipts:
-            self._send([], receipts, announce=False)
-
-    def _send(self, running: list[Any], held: list[Held], announce: bool) -> None:
+        running, held = self.running(), self.held()
         if not running and not held and not self.worker:
             return
-        name = self.worker or self.holder
         try:
-            gone, unheld = self.store.beat(running, held, name,
-                                           self.queues if announce else (),
-                                           announce=announce)
+            gone, unheld = self.store.beat(running, held, self.worker or self.holder,
+                                           self.queues)
         except StoreUnavailable as exc:
             logger.warning("zsched: heartbeat failed (%s); %d leases and %d holds may run out",
                            exc, len(running), len(held))
@@ -146,16 +131,10 @@ class Heartbeat:
 
     def _loop(self) -> None:
         interval = self.store.settings.heartbeat_s
-        due = time.monotonic() + interval
         while True:
-            if self._wake.wait(max(0.0, due - time.monotonic())):
-                self._wake.clear()
+            time.sleep(interval)
             try:
-                if time.monotonic() >= due:
-                    due = time.monotonic() + interval
-                    self.beat()
-                else:
-                    self.send_receipts()
+                self.beat()
             except Exception:  # the thread must outlive any one bad beat
                 logger.exception("zsched: heartbeat error")
 

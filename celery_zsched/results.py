@@ -147,6 +147,9 @@ class StartResult:
     #: The number of this execution (``ok``): heartbeat, retry and settle present it.
     fence: int | None = None
     reason: str = ""
+    #: The job's definition JSON as the start found it (``ok``; None if deleted): the
+    #: settle computes the next run from it without reading it again.
+    definition: str | None = None
 
     @property
     def runs(self) -> bool:

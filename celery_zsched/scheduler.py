@@ -26,6 +26,7 @@ from .publish import publish_batch, routing_options
 from .results import merge_batches
 from .store import Claimed, Store
 from .telemetry import log_event
+from .unacked import UnackedSweep
 from .visits import Visits
 
 logger = logging.getLogger("celery_zsched")
@@ -73,6 +74,11 @@ class ZSchedScheduler(Scheduler):
     def visits(self) -> Visits:
         """Which partitions each tick claims from (one, unless ``zsched_partitions``)."""
         return Visits(self.store.partitions)
+
+    @cached_property
+    def unacked(self) -> UnackedSweep:
+        """The sweep of a Redis broker's unacked index for what dead workers took unrecorded."""
+        return UnackedSweep(self.app, self.store)
 
     @cached_property
     def metrics(self) -> BeatMetrics:
@@ -141,6 +147,8 @@ class ZSchedScheduler(Scheduler):
             if not self._static_synced and not self.sync_static():
                 return self._backoff()
             reaped = self._maybe_reap()
+            if self.unacked.due():
+                reaped += self.unacked.sweep()
             plan = self.visits.plan(self._redis_now(), self.settings.batch_size)
             with self.metrics.time_claim():
                 batches = self.store.claim_parts(plan)
@@ -263,6 +271,8 @@ class ZSchedScheduler(Scheduler):
     def close(self) -> None:
         super().close()
         notify.close_all()
+        if "unacked" in self.__dict__:
+            self.unacked.close()
         if "store" in self.__dict__:
             with contextlib.suppress(StoreUnavailable):
                 self.store.announce(self.beat_name, gone=True)

@@ -83,7 +83,8 @@ def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
 def _start_reply(res: Sequence[Any]) -> StartResult:
     status = str(res[0])
     if status == "ok":
-        return StartResult(status, int(res[1]), int(res[2]), int(res[3]), fence=int(res[4]))
+        return StartResult(status, int(res[1]), int(res[2]), int(res[3]), fence=int(res[4]),
+                           definition=str(res[5]) or None)
     if status == "expired":
         return StartResult(status, int(res[1]), None, int(res[2]))
     if status in ("wait", "deferred"):
@@ -101,6 +102,10 @@ def _reap_reply(res: Sequence[Any]) -> ReapResult:
     # The dead-lettered ids come last.
     return ReapResult(redelivered, dead, lost, held, converted, orphaned, unpublished, ids=ids,
                       dead_ids=ids[len(ids) - dead:] if dead else ())
+
+
+def _names(res: Sequence[Any]) -> list[str]:
+    return [str(i) for i in res]
 
 
 def _gone(res: Sequence[Any]) -> list[tuple[str, str]]:
@@ -126,11 +131,15 @@ class SettleReply:
     consecutive_failures: int = 0
     #: The domain whose breaker this settle opened, or None.
     breaker_opened: str | None = None
+    #: The next due time it set (None: the job ended).
+    next_due_ms: int | None = None
 
 
 def _settle_reply(res: Sequence[Any]) -> SettleReply:
     if res[0] == "ok":
-        return SettleReply("ok", str(res[1]), int(res[2]), int(res[3]), str(res[4]) or None)
+        next_due = int(res[5])
+        return SettleReply("ok", str(res[1]), int(res[2]), int(res[3]), str(res[4]) or None,
+                           next_due if next_due >= 0 else None)
     if res[0] == "deleted":
         return SettleReply("deleted", breaker_opened=str(res[1]) or None)
     return SettleReply(str(res[0]))
@@ -186,12 +195,16 @@ SETTLE = ScriptSpec(
                "domains", "domain_conf", "http_schedule", "http_wake"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
-          "http_status", "retry_after_ms", "pacing", "fence", "delivery"),
+          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",
              "domains", "http_schedule", "http_wake"),
     args=("limit", "max_deliveries", "delivery_ms", "alive_ms"), reply=_reap_reply)
+RESCUE = ScriptSpec(
+    "rescue", ("state", "queued", "schedule", "counters", "domains", "http_schedule",
+               "http_wake"),
+    group=("id", "occurrence", "attempt", "delivery"), reply=_names)
 RELEASE = ScriptSpec(
     "release", ("queued", "schedule", "state", "domains", "http_schedule", "http_wake"),
     args=("status",), group=("id", "occurrence", "attempt"), reply=int)
@@ -215,6 +228,6 @@ NOTIFY = ScriptSpec(
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
-    for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RELEASE,
-                 CONTROL, DOMAIN, NOTIFY)
+    for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
+                 RELEASE, CONTROL, DOMAIN, NOTIFY)
 }

@@ -119,6 +119,12 @@ def _as_paused(job: Job, paused: bool) -> Job:
     return job if job.enabled is not paused else dataclasses.replace(job, enabled=not paused)
 
 
+@functools.lru_cache(maxsize=4096)
+def _job_of(raw: str) -> Job:
+    """The job of a definition JSON: a worker settles the same jobs again and again."""
+    return Job.from_json(raw)
+
+
 def _stream_order(stream_id: str) -> tuple[int, int]:
     ms, _, seq = stream_id.partition("-")
     return int(ms or 0), int(seq or 0)
@@ -132,6 +138,14 @@ def _first(row: Sequence[Any]) -> str:
 def _first_score(*scores: float | None) -> int | None:
     """The first score that is set, as int ms (a job is in at most one of the sets)."""
     return next((int(x) for x in scores if x is not None), None)
+
+
+def _pooled_connection(pool: Any) -> Any:
+    """A connection of ``pool``, on every redis-py this package admits."""
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py < 5.3 wants a command name
+        return pool.get_connection("EVALSHA")
 
 
 class _ScriptStream:
@@ -171,10 +185,7 @@ class _ScriptStream:
         if self.pool is None:
             return [(rows, self.script(keys=self.keys, args=list(args)))]
         if self.conn is None:
-            try:
-                self.conn = self.pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                self.conn = self.pool.get_connection("EVAL")
+            self.conn = _pooled_connection(self.pool)
         # EVAL, not EVALSHA: no NOSCRIPT to recover from mid-stream. A health
         # check PING would read a pending reply, so only check an idle connection.
         self.conn.send_command("EVAL", self.script.script, len(self.keys), *self.keys, *args,
@@ -288,6 +299,32 @@ class Store:
         """Run ``spec`` on partition ``keys`` with its named ``args`` (and ``rows``); parse it."""
         return spec.reply(self._scripts[spec.name](keys=spec.key_names(keys),
                                                    args=spec.argv(args, rows)))
+
+    def _call_hot(self, spec: ScriptSpec[R], keys: Keys, **args: Any) -> R:
+        """:meth:`_call` for the worker's start and settle, once each per execution:
+        straight on a pooled connection, without redis-py's per-command machinery
+        (it costs about as much client CPU as the round trip itself). A Cluster
+        client goes the usual way (it routes by slot and follows MOVED)."""
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is None or is_cluster(self.client):
+            return self._call(spec, keys, **args)
+        script = self._scripts[spec.name]
+        names = spec.key_names(keys)
+        argv = spec.argv(args)
+        conn = _pooled_connection(pool)
+        try:
+            conn.send_command("EVALSHA", script.sha, len(names), *names, *argv)
+            try:
+                reply = conn.read_response()
+            except NoScriptError:  # a fresh or restarted server: load it, as Script does
+                conn.send_command("EVAL", script.script, len(names), *names, *argv)
+                reply = conn.read_response()
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread: never reuse it
+            raise
+        finally:
+            pool.release(conn)
+        return spec.reply(reply)
 
     def _run(self, calls: Sequence[Call]) -> list[Any]:
         """Run several script calls in one pipeline (one round trip per Redis node).
@@ -874,12 +911,12 @@ class Store:
         the worker keeps the lease alive with :meth:`heartbeat` and settles
         with :meth:`settle`, presenting it.
         """
-        return self._call(scripts.START, self.part_of(job_id), id=job_id,
-                          occurrence=occurrence, attempt=attempt,
-                          delivery="" if delivery is None else delivery, task=task,
-                          lease_ms=int(self.settings.lease_s * 1000),
-                          expires_ms="" if expires_ms is None else expires_ms,
-                          pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
+        return self._call_hot(scripts.START, self.part_of(job_id), id=job_id,
+                              occurrence=occurrence, attempt=attempt,
+                              delivery="" if delivery is None else delivery, task=task,
+                              lease_ms=int(self.settings.lease_s * 1000),
+                              expires_ms="" if expires_ms is None else expires_ms,
+                              pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
 
     def heartbeat(self, running: Sequence[Running], worker: str = "",
                   queues: Sequence[str] = (), lease_s: float | None = None) -> list[str]:
@@ -895,8 +932,8 @@ class Store:
 
     @_unavailable
     def beat(self, running: Sequence[Running], held: Sequence[Held], worker: str = "",
-             queues: Sequence[str] = (), lease_s: float | None = None, *,
-             announce: bool = True) -> tuple[list[str], list[str]]:
+             queues: Sequence[str] = (), lease_s: float | None = None
+             ) -> tuple[list[str], list[str]]:
         """One worker heartbeat: extend what it runs, and hold what it received.
 
         ``running``: (id, occurrence, attempt[, fence]) of the executions this
@@ -906,8 +943,6 @@ class Store:
         held by ``worker`` for one lease from now (the first beat of one is its
         receipt), so the reaper republishes it one lease after the worker dies.
         Returns the ids no longer running, and those no longer held.
-        ``announce=False`` (receipts between beats) asks only the partitions
-        the rows are in.
         """
         rows = [("r", row[0], row[1], row[2], row[3] if len(row) > 3 else "", "")
                 for row in running]
@@ -917,7 +952,7 @@ class Store:
         by_part = self.group(rows, lambda row: str(row[1]))
         lease = self.settings.lease_s if lease_s is None else lease_s
         args = {"lease_ms": int(lease * 1000), "worker": worker, "queues": " ".join(queues)}
-        parts = range(len(self.parts)) if worker and announce else list(by_part)
+        parts = range(len(self.parts)) if worker else list(by_part)
         calls: list[Call] = [(scripts.HEARTBEAT, self.parts[i], by_part.get(i, []), args)
                              for i in parts]
         gone = [row for reply in (self._run(calls) if calls else [])
@@ -990,16 +1025,31 @@ class Store:
                                 for reply in (self._run(calls) if calls else []))
 
     @_unavailable
+    def rescue(self, taken: Sequence[tuple[str, int, int, int]]) -> list[str]:
+        """Make due again the occurrences of messages a dead worker took from the broker
+        without recording a hold: (id, occurrence, attempt, delivery) of each message;
+        only one still queued for exactly that publish and held by no worker moves.
+        Returns the ids made due."""
+        if not taken:
+            return []
+        return [job_id for ids in self._by_job(scripts.RESCUE, taken) for job_id in ids]
+
+    @_unavailable
     def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
                error: str = "", retry_after_s: float | None = None,
                event: dict[str, Any] | None = None,
                http_status: int | None = None, fence: int | None = None,
-               delivery: int | None = None) -> SettleResult:
+               delivery: int | None = None,
+               known: tuple[str, int] | None = None) -> SettleResult:
         """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
 
         The next due time is computed from the stored definition and Redis'
         clock; if the definition's timing changes meanwhile, it is recomputed.
         ``http_status`` and ``retry_after_s`` also teach the job's domain (pacing).
+        ``known``: the definition the start returned and an estimate of Redis'
+        clock now, which spare the settle a round trip; a run "now plus a delay"
+        is then moved on by however much later the script finds it, so it is
+        never early, and a definition edited meanwhile is read afresh.
 
         Who settles (fencing): ``fence``, the execution a start or the gateway
         numbered so, while it still runs; else ``delivery``, a message that never
@@ -1010,17 +1060,19 @@ class Store:
             raise ValueError(f"unknown outcome {outcome!r}")
         keys = self.part_of(job_id)
         for _ in range(5):
-            raw, now = self._definition_and_time(keys, job_id)
+            raw, now = known if known is not None else self._definition_and_time(keys, job_id)
+            known = None
+            relative = False
             if raw is None:
                 # Deleted while in flight: the script records the outcome of the
                 # occurrence (if it is the current one) and forgets the job.
                 job = None
                 label, next_due, next_occ, next_attempt = _LABELS[outcome], None, occurrence, 1
             else:
-                job = Job.from_json(raw)
-                label, next_due, next_occ, next_attempt = self._decide(
+                job = _job_of(raw)
+                label, next_due, next_occ, next_attempt, relative = self._decide(
                     job, outcome, occurrence, attempt, now, retry_after_s)
-            reply = self._call(
+            reply = self._call_hot(
                 scripts.SETTLE, keys, id=job_id, occurrence=occurrence, attempt=attempt,
                 outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
                 next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
@@ -1031,14 +1083,16 @@ class Store:
                 http_status="" if http_status is None else http_status,
                 retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
                 pacing=self.pacing, fence="" if fence is None else fence,
-                delivery="" if delivery is None else delivery)
+                delivery="" if delivery is None else delivery,
+                clock_ms=now if relative else "",
+                end_ms="" if job is None or job.end_at is None else job.end_at)
             if reply.verdict == "changed":
                 continue
-            if job is None:
+            if job is None or reply.verdict == "deleted":
                 return SettleResult(False, "deleted", label,
                                     breaker_opened=reply.breaker_opened)
             if reply.verdict == "ok" and reply.status is not None:
-                return SettleResult(True, reply.status, label, next_due, reply.now_ms,
+                return SettleResult(True, reply.status, label, reply.next_due_ms, reply.now_ms,
                                     reply.consecutive_failures, reply.breaker_opened, job)
             return SettleResult(False, reply.verdict, label, job=job)
         return SettleResult(False, "changed", outcome)
@@ -1066,13 +1120,16 @@ class Store:
         return raw, _time_ms(reply)
 
     def _decide(self, job: Job, outcome: str, occurrence: int, attempt: int, now: int,
-                retry_after_s: float | None) -> tuple[str, int | None, int, int]:
+                retry_after_s: float | None) -> tuple[str, int | None, int, int, bool]:
+        """Label, next due, next occurrence and attempt, and whether the next due is
+        ``now`` plus a delay (a retry, an interval job's next run), not a fixed time."""
         if outcome == "error":
             retry = job.retry_due_ms(attempt, now, self.settings, retry_after_s)
             if retry is not None:
-                return "retrying", retry, occurrence, attempt + 1
+                return "retrying", retry, occurrence, attempt + 1, True
         next_due = job.next_regular_ms(now, self.settings, self.rng)
-        return _LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1
+        return (_LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1,
+                job.kind == "interval")
 
     @_unavailable
     def per_job(self, ids: Sequence[str], command: Callable[[Any, Keys, list[str]], None]

@@ -190,6 +190,12 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
     started = getattr(request, "zsched_started_ms", None) if request is not None else None
     mono = getattr(request, "zsched_started_mono", None) if request is not None else None
     duration = int((time.monotonic() - mono) * 1000) if mono is not None else None
+    # The definition the start returned, and Redis' clock now as the start's reading
+    # plus this host's monotonic time since: the settle needs no read of its own.
+    known = None
+    if start is not None and start.definition is not None and start.now_ms is not None \
+            and duration is not None:
+        known = (start.definition, start.now_ms + duration)
     timings = {
         "task_id": task_id, "due_ms": due, "promoted_ms": promoted,
         "lateness_ms": promoted - due,
@@ -205,7 +211,8 @@ def _settle(app: Any, occ: Occurrence, outcome: str, request: Any = None, error:
             occ.job_id, occ.occurrence, occ.attempt, outcome, error=error,
             retry_after_s=retry_after, event=timings, http_status=status,
             # A message from before fencing has no delivery number: unfenced, as then.
-            fence=fence, delivery=None if fence is not None or unfenced else occ.delivery),
+            fence=fence, delivery=None if fence is not None or unfenced else occ.delivery,
+            known=known),
             SETTLE_RETRY_S)
     except StoreUnavailable as exc:
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "

@@ -121,7 +121,7 @@ def test_a_worker_holds_what_it_received_under_its_lease_and_its_death_republish
     occurrence back at once, with no crash counted (it never ran)."""
     store = make_store(lease_s=0.3)
     claimed = _claimed(store)
-    assert store.beat([], [_held(claimed)], "w1@host:1", announce=False) == ([], [])
+    assert store.beat([], [_held(claimed)], "w1@host:1") == ([], [])
     st = _state(store, claimed.job.id)
     assert st.holder == "w1@host:1"
     assert _deadline(store, claimed.job.id) <= store.now_ms() + 300
@@ -149,13 +149,13 @@ def test_a_hold_is_refused_for_a_message_that_was_not_published_so(store: Store)
             (job_id, claimed.occurrence + 1, 1, 1, "tests.noop"),
             (job_id, claimed.occurrence, 1, 0, "tests.noop")]
     for row in rows:
-        assert store.beat([], [row], "w1@host:1", announce=False) == ([], [job_id])
+        assert store.beat([], [row], "w1@host:1") == ([], [job_id])
     assert _without_counters(store_snapshot(store)) == _without_counters(before)
 
 
 def test_a_started_occurrence_is_no_longer_held(store: Store) -> None:
     claimed = _claimed(store)
-    store.beat([], [_held(claimed)], "w1@host:1", announce=False)
+    store.beat([], [_held(claimed)], "w1@host:1")
     started = store.start(claimed.job.id, claimed.occurrence, claimed.attempt, delivery=1,
                           task="tests.noop")
     assert started.runs
@@ -168,7 +168,7 @@ def test_the_death_of_a_worker_holding_a_paced_message_frees_its_domains_slot(
     store = make_store(lease_s=0.2, pacing=True, domain_delay_s=0, domain_max_in_flight=1)
     claimed = _claimed(store, _job(url="http://127.9.0.1/a"))
     assert store.domain("127.9.0.1").in_flight == 1
-    store.beat([], [_held(claimed)], "w1@host:1", announce=False)
+    store.beat([], [_held(claimed)], "w1@host:1")
     _wait_past(store, _deadline(store, claimed.job.id))
     assert store.reap().orphaned == 1
     assert store.domain("127.9.0.1").in_flight == 0
@@ -298,3 +298,68 @@ def test_a_settle_drops_times_far_from_the_redis_clock_before_they_reach_the_str
     data = json.loads(fields["data"])
     assert data == {"task_id": "t", "due_ms": None, "promoted_ms": None, "started_ms": now,
                     "lateness_ms": None, "wait_ms": 5, "duration_ms": None}
+
+
+# ------------------------------------------------------------- one round trip
+def test_a_settle_from_the_starts_definition_and_an_early_clock_never_runs_early(
+        store: Store) -> None:
+    """A worker settles with the definition its start returned and a clock it estimated
+    (the start's plus its own monotonic time): one round trip. The script moves an
+    interval's next run on by however much later it is on Redis' clock, so an estimate
+    that lags never makes the next run early."""
+    claimed = _claimed(store)
+    started = store.start(claimed.job.id, claimed.occurrence, 1, delivery=1, task="tests.noop")
+    assert started.definition == claimed.job.to_json() and started.now_ms is not None
+    stale = started.now_ms - 5_000  # an estimate 5 s behind
+    result = store.settle(claimed.job.id, claimed.occurrence, 1, "complete", fence=started.fence,
+                          known=(started.definition, stale))
+    assert result.applied and result.now_ms is not None and result.next_due_ms is not None
+    assert result.next_due_ms == result.now_ms + 60_000
+    st = _state(store, claimed.job.id)
+    assert st.occurrence == st.next_due_ms == result.next_due_ms
+    assert store.client.zscore(store.keys.schedule, claimed.job.id) == result.next_due_ms
+
+
+def test_a_settle_from_a_definition_edited_since_the_start_reads_it_again(
+        store: Store) -> None:
+    claimed = _claimed(store)
+    started = store.start(claimed.job.id, claimed.occurrence, 1, delivery=1, task="tests.noop")
+    assert started.definition is not None and started.now_ms is not None
+    store.upsert(_job(interval_s=3600))  # edited while it ran
+    result = store.settle(claimed.job.id, claimed.occurrence, 1, "complete", fence=started.fence,
+                          known=(started.definition, started.now_ms))
+    assert result.applied and result.now_ms is not None
+    assert result.next_due_ms == result.now_ms + 3_600_000
+
+
+def test_a_settle_past_end_at_ends_the_job_even_when_the_delay_moved_it_there(
+        store: Store) -> None:
+    claimed = _claimed(store, _job(end_at=(store.now_ms() + 58_000) / 1000))
+    started = store.start(claimed.job.id, claimed.occurrence, 1, delivery=1, task="tests.noop")
+    assert started.definition is not None and started.now_ms is not None
+    # Estimated 5 s early: the next run looks inside end_at, but is past it on Redis' clock.
+    result = store.settle(claimed.job.id, claimed.occurrence, 1, "complete", fence=started.fence,
+                          known=(started.definition, started.now_ms - 5_000))
+    assert result.applied and result.status == "finished" and result.next_due_ms is None
+
+
+# ----------------------------------------------------------------- rescue
+def test_rescue_makes_due_only_an_unheld_occurrence_queued_for_exactly_that_publish(
+        store: Store) -> None:
+    """What a dead worker took from the broker without recording a hold: due again, no
+    crash counted. A worker's hold, a start, or a later publish leave it alone."""
+    taken = _claimed(store, _job("taken"))
+    held = _claimed(store, _job("held"))
+    store.beat([], [_held(held)], "w1@host:1")
+    started = _claimed(store, _job("started"))
+    assert store.start("started", started.occurrence, 1, delivery=1, task="tests.noop").runs
+    rows = [(c.job.id, c.occurrence, c.attempt, c.deliveries) for c in (taken, held, started)]
+    rows.append(("taken", taken.occurrence, 1, 2))  # a publish that was never made
+    assert store.rescue(rows) == ["taken"]
+    st = _state(store, "taken")
+    assert (st.status, st.crashes, st.occurrence) == ("scheduled", 0, taken.occurrence)
+    assert store.client.hget(store.keys.counters, "orphaned") == "1"
+    [again] = store.claim().jobs
+    assert (again.task_id, again.deliveries) == (taken.task_id, 2)
+    # The old message's entry, swept again, names publish 1: the new claim stays.
+    assert store.rescue([("taken", taken.occurrence, 1, 1)]) == []

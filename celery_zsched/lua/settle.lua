@@ -35,8 +35,14 @@
 -- ARGV[16] pacing settings JSON ("" = pacing off: only the in-flight count moves)
 -- ARGV[17] fence of the execution settling ("" = it never started)
 -- ARGV[18] delivery number of the message settling without a start ("" = none)
+-- ARGV[19] the Redis time (ms) a next due "now plus a delay" was computed from,
+--          estimated by the caller ("" = the next due is absolute, or the time was
+--          read from Redis just now): the next due moves on by however much later
+--          it is now, so an estimate never makes a run early
+-- ARGV[20] end_at of the job, ms ("" = none): a next due past it ends the job
 -- Returns {"ok", new status, now, consecutive failures, domain whose breaker this
--- settle opened ("" = none)} | {"stale"} | {"changed"} | {"deleted", that domain}
+-- settle opened ("" = none), next due ms (-1 = none)} | {"stale"} | {"changed"}
+--       | {"deleted", that domain}
 local schedule, leases, state, defs, paused, events, counters, queued =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local http, wake = KEYS[11], KEYS[12]
@@ -132,17 +138,25 @@ if deleted then
   return {"deleted", opened}
 end
 
+local due, next_occ = tonumber(next_due), tonumber(ARGV[7])
+if due and ARGV[19] and ARGV[19] ~= "" then
+  local late = math.max(0, now - tonumber(ARGV[19]))
+  -- The next occurrence is named by its first due time: it moves with it.
+  if ARGV[7] == next_due then next_occ = next_occ + late end
+  due = due + late
+  if ARGV[20] and ARGV[20] ~= "" and due > tonumber(ARGV[20]) then due = nil end
+end
 local max_runs = tonumber(ARGV[11])
-if next_due == "" or (max_runs > 0 and (st.r or 0) >= max_runs) then
+if not due or (max_runs > 0 and (st.r or 0) >= max_runs) then
   st.s, st.n = "finished", nil
 else
-  st.o, st.a, st.d, st.x, st.n = tonumber(ARGV[7]), tonumber(ARGV[8]), 0, 0, tonumber(next_due)
+  st.o, st.a, st.d, st.x, st.n = next_occ, tonumber(ARGV[8]), 0, 0, due
   if redis.call("SISMEMBER", paused, id) == 1 then
     st.s = "paused"
   else
     st.s = "scheduled"
-    schedule_add(st, id, next_due, schedule, http, wake)
+    schedule_add(st, id, due, schedule, http, wake)
   end
 end
 redis.call("HSET", state, id, encode_state(st))
-return {"ok", st.s, now, st.c or 0, opened}
+return {"ok", st.s, now, st.c or 0, opened, st.n or -1}

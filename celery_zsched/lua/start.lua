@@ -23,8 +23,8 @@
 -- KEYS[8] http_schedule  zset  id -> due ms of transport "http" jobs (a job made
 --                        one while its message waited goes back there)
 -- KEYS[9] http_wake      channel  wakes the job gateways
--- KEYS[10] defs     hash  id -> definition JSON (the task, when the publish was
---                         not confirmed yet)
+-- KEYS[10] defs     hash  id -> definition JSON (returned with "ok": the settle
+--                         computes the next due from it without reading it again)
 -- ARGV[1] job id
 -- ARGV[2] occurrence
 -- ARGV[3] attempt
@@ -34,7 +34,8 @@
 -- ARGV[7] expiry, ms after promotion ("" = never expires)
 -- ARGV[8] pacing settings JSON ("" = pacing off)
 -- ARGV[9] longest wait for the domain's gate the worker sits out, ms
--- Returns {"ok", now, due_ms, promoted_ms, fence} | {"expired", now, promoted_ms}
+-- Returns {"ok", now, due_ms, promoted_ms, fence, definition JSON or ""}
+--       | {"expired", now, promoted_ms}
 --       | {"wait", ms}: the domain's start gate opens in ms; start again then
 --       | {"deferred", due_ms}: the gate stays closed longer (Retry-After, an
 --         open breaker); the occurrence went back to the schedule, out of flight
@@ -74,11 +75,9 @@ local delivery = ARGV[4] == "" and published or tonumber(ARGV[4])
 if st.s ~= "leased" and (not delivery or delivery < 1 or delivery > published) then
   return refuse("unpromoted", st.s or "")
 end
+local def = redis.call("HGET", KEYS[10], id)
 local task = st.tk
-if not task then
-  local def = redis.call("HGET", KEYS[10], id)
-  task = def and decode_json(def).task
-end
+if not task then task = def and decode_json(def).task end
 if ARGV[5] ~= "" and task and ARGV[5] ~= task then return refuse("task", task) end
 local now = now_ms()
 local promoted = st.p or now
@@ -131,4 +130,4 @@ redis.call("ZADD", leases, now + tonumber(ARGV[6]), id)
 st.s, st.sa, st.w, st.k = "running", now, nil, (st.k or 0) + 1
 redis.call("HSET", state, id, encode_state(st))
 redis.call("HINCRBY", counters, "started", 1)
-return {"ok", now, st.due or promoted, promoted, st.k}
+return {"ok", now, st.due or promoted, promoted, st.k, def or ""}

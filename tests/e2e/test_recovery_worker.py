@@ -5,10 +5,12 @@ Issue 18. A prefork worker's whole process tree is SIGKILLed again and again
 fall due, once on the Redis broker and once on RabbitMQ. Every timeout is its
 default: the lease (30 s), the delivery deadline (2 h), kombu's visibility
 timeout (1 h). On Redis, kombu keeps what a dead worker had prefetched in its
-``unacked`` hash until that visibility timeout; the worker's main process held
-each message it received (``task_received``) under its lease, so the reaper
-republishes them one lease after the death. RabbitMQ requeues them itself the
-moment the connection dies. Either way:
+``unacked`` hash until that visibility timeout. The worker's main process held
+each message it received (``task_received``) under its lease, from its next
+heartbeat on, so the reaper republishes those one lease after the death; what
+it took less than a beat before it died beat finds in kombu's unacked index a
+lease after it was taken. RabbitMQ requeues them itself the moment the
+connection dies. Either way:
 
 * every occurrence a dead worker held (started or only received) starts again
   within two leases of the kill (the restart's arrival at the target, against
@@ -31,8 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from kombu.transport.redis import Channel
 
 from celery_zsched.store import task_id_for
+from celery_zsched.unacked import occurrence_in
 
 from .conftest import Deployment
 from .observe import SOAK, counters, report, states, wait_all, wait_ready
@@ -51,6 +55,8 @@ ALIVE_S = (2.0, 4.0)
 
 #: (job id, occurrence, attempt)
 Occ = tuple[str, int, int]
+#: The hash in which kombu's Redis transport keeps delivered, unacked messages.
+UNACKED = Channel.unacked_key
 
 
 @dataclass(frozen=True)
@@ -61,19 +67,32 @@ class Kill:
     at_ms: int  # Redis' clock, right after the kill
     #: Started by it and not settled: these executions were killed.
     running: frozenset[Occ]
-    #: Received by it and not started (its main process held them): on RabbitMQ none
-    #: are recorded, since the broker itself requeues them.
+    #: Received by it and not started: what it left in kombu's unacked hash (early
+    #: ack: a started message is acknowledged). On RabbitMQ the broker requeues these
+    #: itself and the test cannot list them.
     held: frozenset[Occ]
     #: Every occurrence in flight at the kill (queued or running), held or not.
     in_flight: frozenset[Occ]
 
 
-def _snapshot(d: Deployment, worker: str, main_pid: int, at_ms: int,
-              seen: set[tuple[str, int, int, int]]) -> Kill:
+def _unacked(d: Deployment) -> dict[bytes, Occ]:
+    """The zsched messages in kombu's unacked hash (Redis broker), by delivery tag."""
+    if d.broker is None:
+        return {}
+    out = {}
+    for tag, raw in d.broker.hgetall(UNACKED).items():
+        found = occurrence_in(raw)
+        if found is not None:
+            out[tag] = found[:3]
+    return out
+
+
+def _snapshot(d: Deployment, worker: str, at_ms: int,
+              seen: set[tuple[str, int, int, int]], unacked_before: set[bytes]) -> Kill:
     """What the kill of ``worker`` hit. An execution still running from an earlier kill
-    (its lease has not run out yet) is in ``seen``: it was that kill's."""
+    (its lease has not run out yet) is in ``seen``: it was that kill's; so is an unacked
+    message that was there before this worker's death."""
     running: set[Occ] = set()
-    held: set[Occ] = set()
     in_flight: set[Occ] = set()
     for job_id, st in states(d).items():
         occ = (job_id, st.occurrence, st.attempt)
@@ -83,8 +102,9 @@ def _snapshot(d: Deployment, worker: str, main_pid: int, at_ms: int,
         if st.status == "running" and execution not in seen:
             seen.add(execution)
             running.add(occ)
-        elif st.status == "queued" and (st.holder or "").endswith(f":{main_pid}"):
-            held.add(occ)
+    unacked = _unacked(d)
+    held = {occ for tag, occ in unacked.items() if tag not in unacked_before}
+    unacked_before |= set(unacked)
     return Kill(worker, at_ms, frozenset(running), frozenset(held), frozenset(in_flight))
 
 
@@ -118,15 +138,15 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
     rng = random.Random(18)
     kills: list[Kill] = []
     seen: set[tuple[str, int, int, int]] = set()
+    unacked_before: set[bytes] = set()
     for k in range(KILLS):
         worker = d.start_worker(f"w{k}", pool="prefork", concurrency=CONCURRENCY)
         wait_ready(d, worker)
         time.sleep(rng.uniform(*ALIVE_S))
-        main_pid = worker.pid
         tree = worker.kill_tree()
         # Redis may still be applying a command the worker sent before it died.
         time.sleep(0.1)
-        kills.append(_snapshot(d, worker.name, main_pid, d.store.now_ms(), seen))
+        kills.append(_snapshot(d, worker.name, d.store.now_ms(), seen, unacked_before))
         worker.wait_dead(tree)
 
     end_ms = d.store.now_ms()
@@ -180,6 +200,7 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
     assert sum(crashes.values()) >= 1, "the kills must land on running tasks"
     if broker == "redis":
         assert held, "the kills must land on prefetched, unstarted messages"
+        assert held_restarts and held_restarts[-1] <= 2 * lease_ms, held_restarts[-5:]
         assert tally["orphaned"] >= 1
     assert restarts and restarts[-1] <= 2 * lease_ms, restarts[-5:]
     assert not parked, parked[:5]
