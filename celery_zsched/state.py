@@ -67,6 +67,9 @@ class RuntimeState:
         "rv", "the domain slot pacing held the job back to (its due time while it waits)"))
     transport: str | None = field(default=None, metadata=_wire(
         "t", '"h": a transport http job, waiting in the HTTP schedule (absent: celery)'))
+    version: int | None = field(default=None, metadata=_wire(
+        "v", "version of the last versioned write (the Django outbox): an older one is "
+             "refused (absent: never written with one)"))
 
     @classmethod
     def from_wire(cls, raw: str | bytes | Mapping[str, Any] | None) -> RuntimeState:
