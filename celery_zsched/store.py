@@ -482,7 +482,7 @@ class Store:
         calls: list[Call] = [
             (scripts.CONTROL, self.parts[part], rows[start:start + size], args)
             for part, rows in by_part.items() for start in range(0, len(rows), size)]
-        changed, stale, missing = 0, 0, []
+        changed, stale, missing = 0, 0, list[str]()
         for result in self._run(calls) if calls else []:
             reply = scripts.CONTROL.reply(result)
             changed += reply.changed

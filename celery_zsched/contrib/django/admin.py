@@ -547,8 +547,7 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
             self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
             return False
         try:
-            rows, changed, seconds = apply_operation(operation, queryset,
-                                                     by=admin_actor(request), note=note)
+            result = apply_operation(operation, queryset, by=admin_actor(request), note=note)
         except JobNotFound as exc:
             self.message_user(request, f"{exc}: it is not in Redis yet; run "
                               "manage.py zsched_sync to push it.", messages.ERROR)
@@ -557,9 +556,13 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
             self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
             return False
         past = OPERATIONS[operation][1]
-        noun = "job" if rows == 1 else "jobs"
-        self.message_user(request, f"{past} {rows} {noun} ({changed} changed in Redis, "
-                          f"{seconds * 1000:.0f} ms).", messages.SUCCESS)
+        noun = "job" if result.rows == 1 else "jobs"
+        self.message_user(request, f"{past} {result.rows} {noun} ({result.changed} changed in "
+                          f"Redis, {result.seconds * 1000:.0f} ms).", messages.SUCCESS)
+        if result.pending:
+            self.message_user(request, f"{_count(result.pending, 'job')} saved but not in Redis "
+                              "yet: the change waits in the outbox and reaches beat within "
+                              "seconds of Redis being reachable.", messages.WARNING)
         return True
 
     def get_urls(self) -> list[URLPattern]:
