@@ -81,15 +81,15 @@ SAVE, DELETE, PAUSE, RESUME = "save", "delete", "pause", "resume"
 
 
 # ------------------------------------------------------------------ recording
-def record(job_ids: Sequence[str], action: str, *, using: str, by: Actor,
-           note: str = "") -> int:
+def record(job_ids: Sequence[str], action: str, *, using: str, by: Actor, note: str = "",
+           columns: dict[str, Any] | None = None) -> int:
     """Record a change of each of ``job_ids`` in the outbox; returns its version.
 
-    Call it inside the transaction that changed the rows, after it wrote them
-    (so it holds their locks: a later change of the same job gets a larger
-    version). Every row but a deleted one gets the version in its ``version``
-    column. One INSERT per :data:`RECORD_BATCH` entries and one UPDATE per 900
-    rows, whatever the action.
+    Call it inside the transaction that changes the rows, once it holds their
+    locks (it wrote them, or selected them ``FOR UPDATE``): a later change of
+    the same job then gets a larger version. Every row but a deleted one gets
+    the version in its ``version`` column, and ``columns`` in the same UPDATE.
+    One INSERT per :data:`RECORD_BATCH` entries and one UPDATE per 900 rows.
     """
     if not job_ids:
         return 0
@@ -106,7 +106,8 @@ def record(job_ids: Sequence[str], action: str, *, using: str, by: Actor,
         version = max(ids)
         if action != DELETE:
             for part in batched(job_ids, IN_CHUNK):
-                ZSchedJob.objects.using(using).filter(job_id__in=part).update(version=version)
+                ZSchedJob.objects.using(using).filter(job_id__in=part).update(
+                    version=version, **(columns or {}))
     return version
 
 
@@ -114,20 +115,16 @@ def write_rows(job_ids: Sequence[str], columns: dict[str, Any], action: str, *, 
                by: Actor, note: str = "") -> tuple[list[str], int]:
     """Set ``columns`` on the rows of ``job_ids`` that differ, and record the change.
 
-    Inside a transaction: each part of 900 rows is locked (``SELECT ... FOR
-    UPDATE``), updated, then recorded. Returns the ids whose rows changed and
-    the change's version (0 if none did).
+    In one transaction: the rows that differ are selected ``FOR UPDATE`` (900
+    at a time), then updated, version and columns in one UPDATE per 900 rows.
+    Returns the ids whose rows changed and the change's version (0 if none did).
     """
     changed: list[str] = []
     with transaction.atomic(using=using, savepoint=False):
         for part in batched(job_ids, IN_CHUNK):
-            rows = ZSchedJob.objects.using(using).filter(job_id__in=part)
-            differ = list(rows.exclude(**columns).select_for_update()
-                          .values_list("job_id", flat=True))
-            if differ:
-                ZSchedJob.objects.using(using).filter(job_id__in=differ).update(**columns)
-                changed += differ
-        version = record(changed, action, using=using, by=by, note=note)
+            changed += ZSchedJob.objects.using(using).filter(job_id__in=part) \
+                .exclude(**columns).select_for_update().values_list("job_id", flat=True)
+        version = record(changed, action, using=using, by=by, note=note, columns=columns)
     return changed, version
 
 
