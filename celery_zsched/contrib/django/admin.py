@@ -49,6 +49,7 @@ from .job_filters import DeadLetteredFilter, QueueFilter
 from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
 from .next_run_order import next_run_page
 from .operations import OPERATIONS, apply_operation
+from .outbox_admin import ZSchedOutboxAdmin  # noqa: F401  (registers itself)
 from .preview_admin import COUNT, fires_html, preview_url
 from .preview_admin import urls as preview_urls
 from .readonly import JobRecordsReadOnly
