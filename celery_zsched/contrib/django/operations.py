@@ -13,10 +13,10 @@ from typing import Any, NamedTuple
 from django.db import transaction
 from django.db.models import QuerySet
 
-from celery_zsched.audit import API, Actor
+from celery_zsched.audit import Actor
 from celery_zsched.errors import StoreUnavailable
 
-from . import outbox
+from . import audit, outbox
 from .conf import get_store
 from .models import ZSchedJob
 
@@ -45,7 +45,8 @@ class OperationResult(NamedTuple):
 
 def apply_operation(operation: str, queryset: QuerySet[ZSchedJob], *, by: Actor | None = None,
                     note: str = "") -> OperationResult:
-    """Run ``operation`` on every job of ``queryset``.
+    """Run ``operation`` on every job of ``queryset``, as made ``by`` (default: the
+    actor of the innermost :func:`.audit.acting` block, as for a save).
 
     Pause and resume change a definition (the ``enabled`` column): the rows
     that differ are updated and recorded in the outbox in one transaction,
@@ -58,8 +59,10 @@ def apply_operation(operation: str, queryset: QuerySet[ZSchedJob], *, by: Actor 
     """
     started = time.perf_counter()
     method, _, columns = OPERATIONS[operation]
+    if by is None:  # as a save does: the innermost audit.acting() block's actor
+        by, note = audit.current()[0], note or audit.current()[1]
     if operation in ("pause", "resume"):
-        return _set_enabled(operation, queryset, by or API, note, started)
+        return _set_enabled(operation, queryset, by, note, started)
     ids = list(queryset.values_list("job_id", flat=True))
     if not ids:
         return OperationResult(0, 0, 0.0)
