@@ -446,8 +446,11 @@ class Store:
     @_unavailable
     def outbox_report(self) -> OutboxReport:
         """The Django outbox as its sweeper last reported it, and Redis' clock (one round trip)."""
+        # TIME has no key to route by: on a Cluster, send it to the node of the hash.
+        options = ({"target_nodes": self.client.get_node_from_key(self.base.outbox)}
+                   if is_cluster(self.client) else {})
         pipe = self.client.pipeline(transaction=False)
-        pipe.time()
+        pipe.execute_command("TIME", **options)
         pipe.hgetall(self.base.outbox)
         now, fields = pipe.execute()
         fields = fields or {}

@@ -360,3 +360,29 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> No
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+# -------------------------------------------------------------- settings
+OUTBOX_SETTINGS = {"outbox_interval_s": 1.0, "outbox_backoff_max_s": 2.0,
+                   "outbox_max_attempts": 10, "outbox_warn_s": 60.0}
+
+
+def test_the_outbox_settings_have_defaults_env_overrides_and_a_readme_row(
+        settings: Any) -> None:
+    from celery_zsched.config import Settings
+
+    defaults = conf.DjangoSettings.from_django(env={})
+    assert {name: getattr(defaults, name) for name in OUTBOX_SETTINGS} == OUTBOX_SETTINGS
+    settings.CELERY_ZSCHED_OUTBOX_WARN_S = 30
+    assert conf.DjangoSettings.from_django(env={}).outbox_warn_s == 30.0
+    assert conf.DjangoSettings.from_django(env={"ZSCHED_OUTBOX_WARN_S": "5"}).outbox_warn_s == 5
+    for name, bad in (("outbox_interval_s", 0), ("outbox_max_attempts", 0),
+                      ("outbox_backoff_max_s", "soon"), ("outbox_max_attempts", 2.5)):
+        with pytest.raises(conf.ConfigurationError, match=f"ZSCHED_{name.upper()}"):
+            conf.DjangoSettings.from_django(env={f"ZSCHED_{name.upper()}": str(bad)})
+    # Beat shares the CELERY_ZSCHED_* namespace: it accepts them and leaves them alone.
+    assert Settings.from_mapping({"zsched_outbox_warn_s": 1}, env={}).tombstone_ttl_s == 86_400
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
+    for name, default in [*OUTBOX_SETTINGS.items(), ("tombstone_ttl_s", 86_400)]:
+        assert (f"| `zsched_{name}` | `ZSCHED_{name.upper()}` | `{default:g}` |"
+                in readme), name

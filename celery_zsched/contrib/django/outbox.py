@@ -453,7 +453,7 @@ class Sweeper:
                 with redis_unavailable():
                     get_store().now_ms()  # a cheap probe before reading the database
             report = sweep(settings=self.settings)
-            self._report()
+            self._report(idle=not report.entries)
         except StoreUnavailable as exc:
             return self._unavailable(str(exc))
         except DatabaseError as exc:
@@ -475,10 +475,12 @@ class Sweeper:
             self.backoff = min(self.backoff * 2, self.settings.outbox_backoff_max_s)
         return self.backoff
 
-    def _report(self) -> None:
+    def _report(self, *, idle: bool = False) -> None:
+        clock = time.monotonic()
+        if idle and self._reported == (0, 0) and clock - self._reported_at < REPORT_EVERY_S:
+            return  # nothing was pending, and the sweep found nothing: no query
         state = status()
         counts = (state.pending, state.dead)
-        clock = time.monotonic()
         if counts != self._reported or clock - self._reported_at >= REPORT_EVERY_S \
                 or state.pending:
             get_store().report_outbox(state.pending, state.dead,
