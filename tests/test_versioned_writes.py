@@ -15,6 +15,7 @@ import json
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from celery_zsched import audit
@@ -190,3 +191,23 @@ def test_shuffled_pushes_of_many_jobs_end_with_each_jobs_newest_definition(
             assert info is None, n
         else:
             assert info is not None and info.job.interval_s == 50, (n, info)
+
+
+def test_repartition_carries_tombstones_to_the_deleted_jobs_new_partitions(
+        make_store: Callable[..., Store]) -> None:
+    from celery_zsched.repartition import repartition
+
+    one = make_store()
+    ids = [f"gone{n}" for n in range(12)]
+    for job_id in ids:
+        one.upsert(_job(job_id), version=5)
+    one.control("delete", ids, versions=dict.fromkeys(ids, 6))
+    repartition(one.client, one.settings, 3)
+    three = Store(one.client, replace(one.settings, partitions=3))
+    for job_id in ids:
+        keys = three.part_of(job_id)
+        assert three.client.hget(keys.tombstones, job_id) == "6", job_id
+        assert three.client.zscore(keys.tombstone_expiry, job_id) is not None
+    assert three.upsert_many([_job(job_id) for job_id in ids],
+                             versions=dict.fromkeys(ids, 5)).stale == 12
+    assert three.get_many(ids) == [None] * 12
