@@ -418,8 +418,8 @@ class ZSchedJob(models.Model):
             if update_fields is not None:
                 kwargs["update_fields"] = {*update_fields, "job_id", "kind"}
         # The post_save signal records the outbox entry: in the row's transaction.
-        with transaction.atomic(using=kwargs.get("using") or router.db_for_write(type(self)),
-                                savepoint=False):
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using, savepoint=False):
             super().save(*args, **kwargs)
 
     def derive_kind(self) -> str:

@@ -52,7 +52,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone as dj_timezone
 
 from celery_zsched.audit import Actor
-from celery_zsched.errors import StoreUnavailable, ValidationError, redis_unavailable
+from celery_zsched.errors import StoreUnavailable, ValidationError
 from celery_zsched.job import Job
 from celery_zsched.store import Store
 
@@ -440,18 +440,21 @@ class Sweeper:
         self._warned_at = 0.0
 
     def run(self, stop: threading.Event) -> None:
-        """Sweep until ``stop`` is set."""
+        """Sweep until ``stop`` is set; nothing but ``stop`` ends the loop."""
         delay = 0.0
         while not stop.wait(delay):
-            delay = self.step()
+            try:
+                delay = self.step()
+            except Exception:  # a bug must not end the thread: log it, go on
+                logger.exception("zsched outbox: sweep failed")
+                delay = self.settings.outbox_backoff_max_s
         _close_connections()
 
     def step(self) -> float:
         """One sweep (and report); returns the seconds to wait before the next one."""
         try:
-            if self.failing:
-                with redis_unavailable():
-                    get_store().now_ms()  # a cheap probe before reading the database
+            if self.failing == "redis":
+                get_store().now_ms()  # a cheap probe before reading the database
             report = sweep(settings=self.settings)
             self._report(idle=not report.entries)
         except StoreUnavailable as exc:
