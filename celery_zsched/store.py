@@ -485,7 +485,8 @@ class Store:
         calls: list[Call] = [
             (scripts.CONTROL, self.parts[part], rows[start:start + size], args)
             for part, rows in by_part.items() for start in range(0, len(rows), size)]
-        changed, stale, missing = 0, 0, list[str]()
+        changed, stale = 0, 0
+        missing: list[str] = []
         for result in self._run(calls) if calls else []:
             reply = scripts.CONTROL.reply(result)
             changed += reply.changed

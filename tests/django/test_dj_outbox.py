@@ -391,3 +391,25 @@ def test_the_outbox_settings_have_defaults_env_overrides_and_a_readme_row(
     for name, default in [*OUTBOX_SETTINGS.items(), ("tombstone_ttl_s", 86_400)]:
         assert (f"| `zsched_{name}` | `ZSCHED_{name.upper()}` | `{default:g}` |"
                 in readme), name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_out_of_memory_is_an_outage_never_a_changes_fault(
+        settings: Any, tmp_path: Path) -> None:
+    from celery_zsched.errors import StoreUnavailable
+    from tests.servers import RedisServer, running
+
+    with running(RedisServer(tmp_path / "redis")) as (server,):
+        settings.CELERY_ZSCHED_REDIS_URL = server.url()
+        row = ZSchedJob.objects.create(url="http://127.0.0.1:1/oom", interval_s=30)
+        with server.admin() as admin:
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+            row.interval_s = 45
+            row.save()  # its push is refused: OOM
+            with pytest.raises(StoreUnavailable, match="refuses writes"):
+                outbox.sweep()
+            assert ZSchedOutbox.objects.get().attempts == 0
+            admin.config_set("maxmemory", 0)
+        assert outbox.sweep().pushed == 1
+        assert conf.get_store().get(row.job_id).job.interval_s == 45

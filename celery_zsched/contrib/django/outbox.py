@@ -199,6 +199,11 @@ def send(store: Store, changes: Sequence[Change]) -> Sent:
         try:
             _send_group(store, action, by, note, group, sent)
         except redis.ResponseError as exc:
+            if isinstance(exc, redis.exceptions.OutOfMemoryError) \
+                    or str(exc).startswith("BUSY"):
+                # Redis as a whole refuses for now (out of memory, a busy script):
+                # an outage, never a change's fault.
+                raise StoreUnavailable(f"Redis refuses writes for now: {exc}") from exc
             if len(group) == 1:
                 sent.failed[group[0].job_id] = f"Redis refused it: {exc}"
                 continue
