@@ -15,9 +15,11 @@ from .keys import DEFAULT_PREFIX
 SETTING_PREFIX = "zsched_"
 ENV_PREFIX = "ZSCHED_"
 #: Settings an integration owns and validates (celery_zsched.contrib.django reads
-#: these two): beat accepts them in a shared CELERY_ZSCHED_* namespace and
-#: leaves them alone, so a Django project's settings never fail beat's check.
-INTEGRATION_SETTINGS = frozenset({"history_days", "redis_alias"})
+#: these): beat accepts them in a shared CELERY_ZSCHED_* namespace and leaves
+#: them alone, so a Django project's settings never fail beat's check.
+INTEGRATION_SETTINGS = frozenset({"history_days", "redis_alias", "outbox_interval_s",
+                                  "outbox_backoff_max_s", "outbox_max_attempts",
+                                  "outbox_warn_s"})
 #: Where the schedule lives when neither zsched_redis_url nor a Redis broker says.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -95,6 +97,9 @@ class Settings:
     #: Approximate cap of each partition's audit stream (changes to jobs, see the
     #: README's "Operating it: audit trail"); 0 records no changes.
     audit_maxlen: int = 100_000
+    #: Seconds a versioned delete (the Django outbox) keeps its tombstone, so an
+    #: older write that arrives late cannot bring the job back.
+    tombstone_ttl_s: float = 86_400.0
     #: Rows per pipelined chunk in bulk imports.
     import_chunk: int = 5000
     #: Pace requests per domain in the claim (see the README's "Politeness").
@@ -287,7 +292,8 @@ class Settings:
         positive = ("batch_size", "lease_s", "publish_timeout_s", "delivery_timeout_s",
                     "default_interval_s",
                     "retry_base_s", "retry_cap_s", "max_deliveries", "events_maxlen",
-                    "import_chunk", "partitions", "gateway_timeout_s", "gateway_lease_s")
+                    "import_chunk", "partitions", "gateway_timeout_s", "gateway_lease_s",
+                    "tombstone_ttl_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(

@@ -6,10 +6,11 @@ Redis (the counters hash and the settle event stream), so they survive the
 prefork pool, worker restarts and any number of hosts without a per-process
 registry or a ``PROMETHEUS_MULTIPROC_DIR``.
 
-A scrape costs two round trips: ``TIME``, then one pipeline over every
-partition; with pacing on, the domain hashes are scanned too (``HSCAN``, one
-round trip per few hundred domains). No label grows with the number of jobs;
-per-domain series exist only for the ``top_domains`` worst domains.
+A scrape costs two round trips: ``TIME`` (with the Django outbox's report),
+then one pipeline over every partition; with pacing on, the domain hashes are
+scanned too (``HSCAN``, one round trip per few hundred domains). No label grows
+with the number of jobs; per-domain series exist only for the ``top_domains``
+worst domains.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from prometheus_client.registry import Collector
 from .domains import DomainInfo
 from .errors import StoreUnavailable, redis_unavailable
 from .keys import Keys
+from .results import OutboxReport
 from .store import Store
 
 logger = logging.getLogger("celery_zsched")
@@ -135,7 +137,9 @@ class StoreCollector(Collector):
     def _read(self) -> Iterator[Metric]:
         store = self.store
         with redis_unavailable():
-            now = store.now_ms()
+            # Redis' clock, and the Django outbox's last report, in one round trip.
+            outbox = store.outbox_report()
+            now = outbox.now_ms
             replies = store._pipeline_each(lambda pipe, keys: self._queue(pipe, keys, now))
         names = ("defs", *STATES, "due")
         totals = dict.fromkeys((*names, "expired", "http_due"), 0)
@@ -156,6 +160,7 @@ class StoreCollector(Collector):
                 counters[str(key)] = counters.get(str(key), 0) + int(value)
             self._advance(part, events or [])
         yield from self._job_families(totals, now - oldest if oldest is not None else 0)
+        yield from self._outbox_families(outbox)
         yield from self._counter_families(counters)
         yield self.start_lag.family(
             "zsched_start_lag_seconds",
@@ -223,6 +228,20 @@ class StoreCollector(Collector):
                                 value=totals["expired"])
         yield GaugeMetricFamily("zsched_dead_letters", "Dead letters waiting for an operator.",
                                 value=totals["dead"])
+
+    @staticmethod
+    def _outbox_families(report: OutboxReport) -> Iterator[Metric]:
+        # Written by the Django app's outbox sweeper (in beat); 0 without Django.
+        yield GaugeMetricFamily("zsched_outbox_pending",
+                                "Job changes saved in the Django database and not in Redis yet.",
+                                value=report.pending)
+        yield GaugeMetricFamily("zsched_outbox_oldest_age_seconds",
+                                "Age of the oldest change not in Redis yet (0: none), on "
+                                "Redis' clock since the sweeper's last report.",
+                                value=report.oldest_age_now_ms / 1000.0)
+        yield GaugeMetricFamily("zsched_outbox_dead",
+                                "Job changes dead-lettered by the outbox after "
+                                "zsched_outbox_max_attempts failed pushes.", value=report.dead)
 
     @staticmethod
     def _counter_families(counters: dict[str, int]) -> Iterator[Metric]:

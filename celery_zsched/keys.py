@@ -184,6 +184,26 @@ class Keys:
         return self._k("audit")
 
     @property
+    def tombstones(self) -> str:
+        """Hash: id of a job deleted by a versioned write (the Django outbox) -> the
+        version of that delete. Until it expires, an upsert or a pause of an older
+        version is refused, so a late write cannot bring the job back."""
+        return self._k("tombstones")
+
+    @property
+    def tombstone_expiry(self) -> str:
+        """Sorted set: id of a tombstone -> when it expires (ms, Redis' clock;
+        ``zsched_tombstone_ttl_s`` after the delete)."""
+        return self._k("tombstone_expiry")
+
+    @property
+    def outbox(self) -> str:
+        """Hash, on the base prefix: the Django outbox as its sweeper last saw it
+        (pending and dead-lettered changes, age of the oldest pending one, and when,
+        on Redis' clock), for ``zsched exporter``."""
+        return self._k("outbox")
+
+    @property
     def audit_cursor(self) -> str:
         """String: id of the last audit entry copied into the Django change history."""
         return self._k("audit_cursor")
@@ -195,4 +215,5 @@ class Keys:
             self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
             self.workers, self.domains, self.domain_conf, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
+            self.tombstones, self.tombstone_expiry, self.outbox,
         ]

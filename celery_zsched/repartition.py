@@ -8,7 +8,8 @@ touching it), moves each job whose partition changes, then records the new
 count. Every job is copied whole (definition, runtime state, due time, queued
 or running deadline, paused, dead letter, static flag) before its old copy is
 deleted, so an interruption loses nothing: running the command again resumes
-and finishes the move, and a job is never in two partitions afterwards.
+and finishes the move, and a job is never in two partitions afterwards. The
+tombstones of deleted jobs (versioned deletes) move to their new partitions too.
 In-flight occurrences keep their occurrence and attempt, so their messages
 start and settle in the new partition once the workers are back.
 """
@@ -102,6 +103,7 @@ def repartition(client: Any, settings: Settings, to: int, *, force: bool = False
     old, new = base.partitions(source), base.partitions(to)
     for keys in old:
         _move_partition(client, base, keys, source, to, chunk, report, progress)
+        _move_tombstones(client, base, keys, to)
     new_prefixes = {keys.prefix for keys in new}
     for keys in old:
         if keys.prefix not in new_prefixes:
@@ -142,6 +144,26 @@ def _move_partition(client: Any, base: Keys, src: Keys, source: int, to: int, ch
                 progress(report.moved)
         if not cursor:
             return
+
+
+def _move_tombstones(client: Any, base: Keys, src: Keys, to: int) -> None:
+    """Carry the tombstones of deleted jobs (versioned deletes) to their new partitions.
+
+    There are no more than the deletes of ``zsched_tombstone_ttl_s``; each is
+    copied before its old copy goes, like a job.
+    """
+    expiry = {str(k): v for k, v in client.zrange(src.tombstone_expiry, 0, -1,
+                                                   withscores=True)}
+    pipe = client.pipeline(transaction=False)
+    for job_id, version in client.hscan_iter(src.tombstones):
+        dst = base.partition(partition_of(str(job_id), to), to)
+        if dst.prefix == src.prefix:
+            continue
+        pipe.hset(dst.tombstones, job_id, version)
+        pipe.zadd(dst.tombstone_expiry, {job_id: expiry.get(str(job_id), 0)})
+        pipe.hdel(src.tombstones, job_id)
+        pipe.zrem(src.tombstone_expiry, job_id)
+    pipe.execute()
 
 
 def _copy(client: Any, src: Keys, moving: dict[str, Keys]) -> None:

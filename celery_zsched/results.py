@@ -119,6 +119,31 @@ class ImportReport:
     #: Rows not written because their ``expect`` did not hold (see :meth:`Store.upsert`).
     skipped: int = 0
     seconds: float = 0.0
+    #: Versioned rows not written because Redis holds a newer version of the job
+    #: (or of its delete): see ``versions`` of :meth:`Store.upsert_many`.
+    stale: int = 0
+
+
+@dataclass(frozen=True)
+class OutboxReport:
+    """The Django outbox as its sweeper last reported it (:meth:`Store.outbox_report`)."""
+
+    #: Redis' clock when this was read (ms).
+    now_ms: int
+    #: Changes saved in the database and not in Redis yet, and those dead-lettered.
+    pending: int = 0
+    dead: int = 0
+    #: Age of the oldest pending change when reported, and when that was (Redis ms;
+    #: ``None``: no sweeper ever reported).
+    oldest_age_ms: int = 0
+    reported_ms: int | None = None
+
+    @property
+    def oldest_age_now_ms(self) -> int:
+        """Age of the oldest pending change now: a report that stops coming keeps ageing."""
+        if not self.pending or self.reported_ms is None:
+            return 0
+        return self.oldest_age_ms + max(0, self.now_ms - self.reported_ms)
 
 
 @dataclass(frozen=True)

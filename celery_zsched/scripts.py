@@ -117,8 +117,17 @@ def _counts(res: Sequence[Any]) -> tuple[int, ...]:
     return tuple(int(n) for n in res)
 
 
-def _control_reply(res: Sequence[Any]) -> tuple[int, list[str]]:
-    return int(res[0]), [str(i) for i in res[1:]]
+@dataclass(frozen=True)
+class ControlReply:
+    """control.lua's answer: jobs changed, versioned rows refused as stale, ids not found."""
+
+    changed: int = 0
+    stale: int = 0
+    missing: tuple[str, ...] = ()
+
+
+def _control_reply(res: Sequence[Any]) -> ControlReply:
+    return ControlReply(int(res[0]), int(res[1]), tuple(str(i) for i in res[2:]))
 
 
 @dataclass(frozen=True)
@@ -159,10 +168,10 @@ def _notice_reply(res: Sequence[Any]) -> NoticeGate:
 AUDIT_ARGS = ("audit_maxlen", "actor_kind", "actor_name", "note")
 UPSERT = ScriptSpec(
     "upsert", ("defs", "schedule", "leases", "state", "paused", "static", "queued", "audit",
-               "http_schedule", "http_wake"),
+               "http_schedule", "http_wake", "tombstones", "tombstone_expiry"),
     args=("static", *AUDIT_ARGS),
     group=("id", "definition", "due_ms", "enabled", "signature", "gap_ms", "domain",
-           "transport", "expect"),
+           "transport", "expect", "version"),
     reply=_counts)
 CLAIM = ScriptSpec(
     "claim", ("schedule", "queued", "leases", "state", "defs", "counters", "domains",
@@ -214,8 +223,9 @@ RELEASE_HTTP = ScriptSpec(
     args=("status",), group=("id", "occurrence", "attempt"), reply=int)
 CONTROL = ScriptSpec(
     "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued",
-                "audit", "http_schedule", "http_wake"),
-    args=("operation", *AUDIT_ARGS), group=("id", "due_ms"), reply=_control_reply)
+                "audit", "http_schedule", "http_wake", "tombstones", "tombstone_expiry"),
+    args=("operation", *AUDIT_ARGS, "tombstone_ms"), group=("id", "due_ms", "version"),
+    reply=_control_reply)
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 
@@ -225,9 +235,13 @@ NOTIFY = ScriptSpec(
           "event"),
     reply=_notice_reply)
 
+#: The Django outbox's report for ``zsched exporter`` (on the base prefix).
+OUTBOX_REPORT = ScriptSpec(
+    "outbox_report", ("outbox",), args=("pending", "dead", "oldest_age_ms"), reply=int)
+
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
-                 RELEASE, CONTROL, DOMAIN, NOTIFY)
+                 RELEASE, CONTROL, DOMAIN, NOTIFY, OUTBOX_REPORT)
 }

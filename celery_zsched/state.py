@@ -77,6 +77,9 @@ class RuntimeState:
     task: str | None = field(default=None, metadata=_wire(
         "tk", "the task name the queued message was published under (start refuses "
               "another)"))
+    version: int | None = field(default=None, metadata=_wire(
+        "v", "version of the last versioned write (the Django outbox): an older one is "
+             "refused (absent: never written with one)"))
 
     @classmethod
     def from_wire(cls, raw: str | bytes | Mapping[str, Any] | None) -> RuntimeState:

@@ -34,13 +34,14 @@ from .results import (
     ImportReport,
     JobInfo,
     NoticeGate,
+    OutboxReport,
     ReapResult,
     SettleResult,
     StartResult,
     merge_batches,
     task_id_for,
 )
-from .scripts import ScriptSpec
+from .scripts import ControlReply, ScriptSpec
 from .state import RuntimeState
 from .timing import jitter_ms
 
@@ -128,6 +129,12 @@ def _job_of(raw: str) -> Job:
 def _stream_order(stream_id: str) -> tuple[int, int]:
     ms, _, seq = stream_id.partition("-")
     return int(ms or 0), int(seq or 0)
+
+
+def _version(versions: Mapping[str, int | None] | None, job_id: str) -> str:
+    """A script row's version field: "" for none (an unversioned write)."""
+    version = versions.get(job_id) if versions else None
+    return str(int(version)) if version else ""
 
 
 def _first(row: Sequence[Any]) -> str:
@@ -378,7 +385,7 @@ class Store:
 
     # ----------------------------------------------------------------- writes
     def upsert(self, job: Job, *, static: bool = False, by: Actor | None = None,
-               note: str = "", expect: str = "") -> ImportReport:
+               note: str = "", expect: str = "", version: int | None = None) -> ImportReport:
         """Store one job. A new job first runs now (cron: its next slot).
 
         The change is recorded in the audit trail as made ``by`` (default: ``api``).
@@ -386,9 +393,11 @@ class Store:
         ``"absent"`` (no job of this id yet: a create) or the :func:`definition_tag`
         of the definition it replaces (compare-and-set). When it does not hold,
         nothing is written and the report counts the job as ``skipped``.
+        ``version``: see ``versions`` of :meth:`upsert_many`.
         """
         return self.upsert_many([job], stagger=False, static=static, by=by, note=note,
-                                expect={job.id: expect} if expect else None)
+                                expect={job.id: expect} if expect else None,
+                                versions={job.id: version} if version else None)
 
     @_unavailable
     def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
@@ -396,7 +405,8 @@ class Store:
                     progress: Callable[[int], None] | None = None,
                     first_due: dict[str, int | None] | None = None,
                     by: Actor | None = None, note: str = "",
-                    expect: Mapping[str, str] | None = None) -> ImportReport:
+                    expect: Mapping[str, str] | None = None,
+                    versions: Mapping[str, int] | None = None) -> ImportReport:
         """Store many jobs, pipelined in chunks; new jobs' first runs are staggered.
 
         Job ``i`` of ``total`` first runs at ``now + i/total * interval + jitter``,
@@ -407,7 +417,11 @@ class Store:
         Each created or changed job is recorded in the audit trail as changed
         ``by`` (default: ``api``), with ``note``; an unchanged one records nothing.
         ``expect`` (id -> condition) makes the writes of the jobs it names
-        conditional, as for :meth:`upsert`.
+        conditional, as for :meth:`upsert`. ``versions`` (id -> a version that
+        only grows, from the Django row) makes them versioned: a job whose stored
+        version, or whose delete's tombstone, is newer is left alone and counted
+        as ``stale``, so pushes that arrive out of order never move a definition
+        back. Jobs without one are written whatever their stored version.
         """
         if total is None:
             jobs = list(jobs)
@@ -444,7 +458,8 @@ class Store:
                               "1" if job.enabled else "0", job.timing_signature, gap,
                               job.pacing_domain(self.settings) or "",
                               "h" if job.transport == "http" else "",
-                              expect.get(job.id, "") if expect else ""))
+                              expect.get(job.id, "") if expect else "",
+                              _version(versions, job.id)))
                 if len(chunk) >= self.settings.import_chunk:
                     # Redis runs this chunk while the loop builds the next one.
                     for rows, result in send(part, chunk):
@@ -475,8 +490,9 @@ class Store:
     def _tally(result: Sequence[int], report: ImportReport, done: int,
                progress: Callable[[int], None] | None) -> int:
         """Add one chunk's counts to ``report``; ``done`` rows are stored so far."""
-        created, updated, rescheduled, skipped = result
+        created, updated, rescheduled, skipped, stale = result
         report.skipped += skipped
+        report.stale += stale
         report.created += created
         report.updated += updated
         report.rescheduled += rescheduled
@@ -485,28 +501,77 @@ class Store:
         return done
 
     @_unavailable
+    def report_outbox(self, pending: int, dead: int, oldest_age_ms: int) -> int:
+        """Record the Django outbox's counts for ``zsched exporter``; Redis' clock (ms)."""
+        return self._call(scripts.OUTBOX_REPORT, self.base, pending=pending, dead=dead,
+                          oldest_age_ms=oldest_age_ms)
+
+    @_unavailable
+    def outbox_report(self) -> OutboxReport:
+        """The Django outbox as its sweeper last reported it, and Redis' clock (one round trip)."""
+        # TIME has no key to route by: on a Cluster, send it to the node of the hash.
+        options = ({"target_nodes": self.client.get_node_from_key(self.base.outbox)}
+                   if is_cluster(self.client) else {})
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command("TIME", **options)
+        pipe.hgetall(self.base.outbox)
+        now, fields = pipe.execute()
+        fields = fields or {}
+        return OutboxReport(
+            now_ms=_time_ms(now), pending=int(fields.get("pending") or 0),
+            dead=int(fields.get("dead") or 0),
+            oldest_age_ms=int(fields.get("oldest_age_ms") or 0),
+            reported_ms=int(fields["at"]) if fields.get("at") else None)
+
+    @_unavailable
     def static_ids(self) -> set[str]:
         """Ids of the jobs that came from ``beat_schedule``."""
         replies = self._pipeline_each(lambda pipe, keys: pipe.smembers(keys.static))
         return {str(m) for (members,) in replies for m in members}
 
     def _control(self, op: str, ids: Sequence[str], by: Actor | None, note: str,
-                 dues: Sequence[int | str] | None = None) -> int:
-        by_part = self.group([(job_id, dues[i] if dues else 0) for i, job_id in enumerate(ids)],
-                             _first)
+                 dues: Sequence[int | str] | None = None,
+                 versions: Mapping[str, int] | None = None) -> int:
+        reply = self._control_all(op, ids, by, note, dues, versions)
+        if reply.missing and len(ids) == 1:
+            raise JobNotFound(reply.missing[0])
+        return reply.changed
+
+    def _control_all(self, op: str, ids: Sequence[str], by: Actor | None, note: str,
+                     dues: Sequence[int | str] | None = None,
+                     versions: Mapping[str, int] | None = None) -> ControlReply:
+        by_part = self.group([(job_id, dues[i] if dues else 0, _version(versions, job_id))
+                              for i, job_id in enumerate(ids)], _first)
         size = self.settings.import_chunk
-        args = {"operation": op, **audit_args(self.settings.audit_maxlen, by, note)}
+        args = {"operation": op, **audit_args(self.settings.audit_maxlen, by, note),
+                "tombstone_ms": round(self.settings.tombstone_ttl_s * 1000)}
         calls: list[Call] = [
             (scripts.CONTROL, self.parts[part], rows[start:start + size], args)
             for part, rows in by_part.items() for start in range(0, len(rows), size)]
-        changed, missing = 0, []
+        changed, stale = 0, 0
+        missing: list[str] = []
         for result in self._run(calls) if calls else []:
-            count, not_found = scripts.CONTROL.reply(result)
-            changed += count
-            missing += not_found
-        if missing and len(ids) == 1:
-            raise JobNotFound(missing[0])
-        return changed
+            reply = scripts.CONTROL.reply(result)
+            changed += reply.changed
+            stale += reply.stale
+            missing += reply.missing
+        return ControlReply(changed, stale, tuple(missing))
+
+    @_unavailable
+    def control(self, op: str, ids: Sequence[str], *, versions: Mapping[str, int],
+                by: Actor | None = None, note: str = "") -> ControlReply:
+        """Versioned ``pause``, ``resume`` or ``delete`` of ``ids`` (the Django outbox).
+
+        Each job's change applies only if Redis holds no newer version of it
+        (``versions``: id -> version, from the row); a delete leaves a tombstone
+        of its version for ``zsched_tombstone_ttl_s``, even for an id Redis never
+        had, so an older upsert that arrives later cannot bring the job back.
+        Never raises :class:`JobNotFound`: the reply names the ids not found.
+        """
+        if op not in ("pause", "resume", "delete"):
+            raise ValueError(f"not a versioned operation: {op!r}")
+        dues = self._resume_dues(ids) if op == "resume" else None
+        return self._control_all(op, ids, by, note, dues, versions)
 
     @_unavailable
     def delete(self, *ids: str, by: Actor | None = None, note: str = "") -> int:
@@ -526,6 +591,9 @@ class Store:
         passed), plus jitter; a cron job at its next slot after now; a job that
         never ran follows the first-run rule.
         """
+        return self._control("resume", ids, by, note, self._resume_dues(ids))
+
+    def _resume_dues(self, ids: Sequence[str]) -> list[int | str]:
         now = self.now_ms()
         dues: list[int | str] = []
         for info in self.get_many(ids):
@@ -533,7 +601,7 @@ class Store:
             # "" tells the script the job is over (its end_at has passed): it is
             # unpaused but finished, never run once more.
             dues.append("" if due is None else due)
-        return self._control("resume", ids, by, note, dues)
+        return dues
 
     def _resume_due(self, info: JobInfo, now: int) -> int | None:
         job, last = info.job, info.state.last_settled_ms

@@ -745,15 +745,15 @@ def test_control_script_rejects_an_unknown_operation(store: Store) -> None:
     store.upsert(_job("c"))
     before = store_snapshot(store)
     k = store.keys
+    keys = (k.defs, k.schedule, k.leases, k.state, k.paused, k.dead, k.static, k.queued,
+            k.audit, k.http_schedule, k.http_wake, k.tombstones, k.tombstone_expiry)
     with pytest.raises(redis.ResponseError, match="unknown operation"):
-        store.client.eval(_lua("control"), 11, k.defs, k.schedule, k.leases, k.state, k.paused,
-                          k.dead, k.static, k.queued, k.audit, k.http_schedule, k.http_wake,
-                          "explode", 0, "api", "", "", "c", 0)
+        store.client.eval(_lua("control"), len(keys), *keys,
+                          "explode", 0, "api", "", "", 1000, "c", 0, "")
     assert store_snapshot(store) == before
-    res = store.client.eval(_lua("control"), 11, k.defs, k.schedule, k.leases, k.state, k.paused,
-                            k.dead, k.static, k.queued, k.audit, k.http_schedule, k.http_wake,
-                            "pause", 0, "api", "", "", "c", 0, "missing", 0)
-    assert res == [1, "missing"]
+    res = store.client.eval(_lua("control"), len(keys), *keys,
+                            "pause", 0, "api", "", "", 1000, "c", 0, "", "missing", 0, "")
+    assert res == [1, 0, "missing"]
 
 
 def test_control_on_many_ids_reports_changes_and_ignores_missing(store: Store) -> None:

@@ -229,3 +229,58 @@ local function audit_from(stream, first)
   return {stream = stream, maxlen = tonumber(ARGV[first]) or 0, kind = ARGV[first + 1],
           by = ARGV[first + 2], note = ARGV[first + 3]}
 end
+
+-- ------------------------------------------------------- versioned writes
+-- A write that carries a version (the Django outbox: README "Django") applies
+-- unless a newer version is stored: the job's own (state ``v``), or the
+-- tombstone its delete left (hash ``tombstones``, until its time in the sorted
+-- set ``tombstone_expiry``, on Redis' clock). The same version again is a replay
+-- of the same change: it applies, and changes nothing. An unversioned write
+-- (``version`` nil: the CLI, the REST API's store writer, beat_schedule) always
+-- applies and leaves the versions alone. ``T`` holds the two tombstone keys.
+local function tombstones_of(tombs, expiry)
+  return {tombs = tombs, expiry = expiry, now = nil}
+end
+
+local function tombstone_now(T)
+  if not T.now then T.now = now_ms() end
+  return T.now
+end
+
+-- Whether a write of ``version`` to job ``id`` (state ``st`` or nil) is older
+-- than what is stored. A tombstone found expired is dropped on the way.
+local function version_refused(T, id, version, st)
+  if version == nil then return false end
+  if st and st.v and st.v > version then return true end
+  local tomb = redis.call("HGET", T.tombs, id)
+  if not tomb then return false end
+  if tonumber(redis.call("ZSCORE", T.expiry, id) or 0) <= tombstone_now(T) then
+    redis.call("HDEL", T.tombs, id)
+    redis.call("ZREM", T.expiry, id)
+    return false
+  end
+  return tonumber(tomb) > version
+end
+
+-- A versioned write applied: the state holds its version, and a tombstone of
+-- the job (an older delete) is gone.
+local function version_applied(T, id, version, st)
+  if version == nil then return end
+  if st then st.v = version end
+  if redis.call("HDEL", T.tombs, id) == 1 then redis.call("ZREM", T.expiry, id) end
+end
+
+-- A versioned delete leaves a tombstone of ``version`` for ``ttl_ms``.
+local function tombstone_add(T, id, version, ttl_ms)
+  redis.call("HSET", T.tombs, id, version)
+  redis.call("ZADD", T.expiry, tombstone_now(T) + ttl_ms, id)
+end
+
+-- Drop up to 100 expired tombstones (every delete call does), so they never pile up.
+local function tombstones_prune(T)
+  local old = redis.call("ZRANGEBYSCORE", T.expiry, "-inf", tombstone_now(T), "LIMIT", 0, 100)
+  if #old > 0 then
+    redis.call("HDEL", T.tombs, unpack(old))
+    redis.call("ZREM", T.expiry, unpack(old))
+  end
+end

@@ -4,6 +4,10 @@
 -- only changes what happens after its settle, and run-now skips it. Deleting
 -- an in-flight job keeps its lease and state until its settle (which records
 -- the outcome, then forgets the job) or until reap drops the expired lease.
+-- A row with a version (the Django outbox: pause, resume, delete) acts only if
+-- no newer version of the job is stored (see _prelude.lua); a versioned delete
+-- leaves a tombstone of its version, also for a job Redis never had, so an
+-- older upsert that arrives late cannot bring the job back.
 --
 -- KEYS[1] defs      hash  id -> definition JSON
 -- KEYS[2] schedule  zset  id -> due ms
@@ -16,6 +20,8 @@
 -- KEYS[9] audit     stream  changes to jobs (capped): one entry per job changed
 -- KEYS[10] http_schedule  zset  id -> due ms of transport "http" jobs
 -- KEYS[11] http_wake     channel  wakes the job gateways
+-- KEYS[12] tombstones        hash  id -> version of its delete
+-- KEYS[13] tombstone_expiry  zset  id -> when its tombstone expires (ms)
 -- ARGV[1] operation: pause | resume | run_now | delete | reset | requeue | purge
 --   requeue and purge act on dead letters only (ids in the dead set): a job
 --   another operator requeued or resumed a moment ago is left as it is.
@@ -26,25 +32,33 @@
 -- ARGV[3] actor kind
 -- ARGV[4] actor name
 -- ARGV[5] note ("" = none)
--- ARGV[6..] groups of 2: id, due ms (resume: the next run, "" once the job has
---           ended; others ignore it)
--- Returns {changed, then the ids that were not found}
+-- ARGV[6] tombstone ttl ms (how long a versioned delete's tombstone is kept)
+-- ARGV[7..] groups of 3: id, due ms (resume: the next run, "" once the job has
+--           ended; others ignore it), version ("" = none; a row older than the
+--           stored version is left alone and counted as stale)
+-- Returns {changed, stale, then the ids that were not found}
 local defs, schedule, leases, state, paused, dead, static, queued, http, wake =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10], KEYS[11]
 local op = ARGV[1]
 local A = audit_from(KEYS[9], 2)
+local T = tombstones_of(KEYS[12], KEYS[13])
+local ttl = tonumber(ARGV[6])
 local now = now_ms()
-local out = {0}
+local out = {0, 0}
 -- Pause and resume as a diff of the definition's ``enabled`` (see audit.py).
 local PAUSED, RESUMED = '{"enabled":[true,false]}', '{"enabled":[false,true]}'
 
-for i = 6, #ARGV, 2 do
-  local id = ARGV[i]
-  if redis.call("HEXISTS", defs, id) == 0 then
+for i = 7, #ARGV, 3 do
+  local id, version = ARGV[i], tonumber(ARGV[i + 2])
+  local raw = redis.call("HGET", state, id)
+  local stored = raw and decode_state(raw) or nil
+  if version_refused(T, id, version, stored) then
+    out[2] = out[2] + 1
+  elseif redis.call("HEXISTS", defs, id) == 0 then
+    if op == "delete" and version then tombstone_add(T, id, version, ttl) end
     out[#out + 1] = id
   else
-    local raw = redis.call("HGET", state, id)
-    local st = raw and decode_state(raw) or new_state(now)
+    local st = stored or new_state(now)
     local in_flight = redis.call("ZSCORE", leases, id) or redis.call("ZSCORE", queued, id)
     local changed = false
     -- What the audit entry says besides the action: a diff, or the deleted definition.
@@ -112,6 +126,11 @@ for i = 6, #ARGV, 2 do
     else
       return redis.error_reply("unknown operation " .. op)
     end
+    if op == "delete" and version then
+      tombstone_add(T, id, version, ttl)
+    else
+      version_applied(T, id, version, st)
+    end
     if st then redis.call("HSET", state, id, encode_state(st)) end
     if changed then
       out[1] = out[1] + 1
@@ -119,4 +138,5 @@ for i = 6, #ARGV, 2 do
     end
   end
 end
+if op == "delete" then tombstones_prune(T) end
 return out

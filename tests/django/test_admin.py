@@ -7,6 +7,7 @@ speed, through ``bulk_create`` plus one ``Store.upsert_many``.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,9 +23,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from celery_zsched.contrib.django import outbox
 from celery_zsched.contrib.django.admin import INFO_ATTR
 from celery_zsched.contrib.django.history import drain
-from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
 from celery_zsched.contrib.django.sync import reconcile
 from celery_zsched.job import Job
 from celery_zsched.store import Store
@@ -225,22 +227,22 @@ def test_each_action_changes_redis_and_the_database(admin_client: Client, zstore
     assert (row.consecutive_failures, row.failure_count, row.last_error) == (0, 0, "")
 
 
-def test_an_action_over_10000_rows_is_one_pipeline_and_one_update(
+def test_an_action_over_10000_rows_is_one_pipeline_and_a_few_statements_per_900_rows(
         admin_client: Client, zstore: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     bulk_jobs(zstore, 10_000)
     calls: list[int] = []
     pipelines: list[int] = []
-    pause, execute = Store.pause, redis.client.Pipeline.execute
+    control, execute = Store.control, redis.client.Pipeline.execute
 
-    def spy_pause(self: Store, *ids: str, **audit: Any) -> int:
+    def spy_control(self: Store, op: str, ids: Any, **options: Any) -> Any:
         calls.append(len(ids))
-        return pause(self, *ids, **audit)
+        return control(self, op, ids, **options)
 
     def spy_execute(self: Any, raise_on_error: bool = True) -> Any:
         pipelines.append(len(self.command_stack))
         return execute(self, raise_on_error)
 
-    monkeypatch.setattr(Store, "pause", spy_pause)
+    monkeypatch.setattr(Store, "control", spy_control)
     monkeypatch.setattr(redis.client.Pipeline, "execute", spy_execute)
     with CaptureQueriesContext(connection) as queries:
         started = time.perf_counter()
@@ -249,13 +251,21 @@ def test_an_action_over_10000_rows_is_one_pipeline_and_one_update(
     monkeypatch.undo()
     assert "Paused 10000 jobs (10000 changed in Redis" in messages_of(response)[0]
     assert calls == [10_000]
-    # Two pipelines: Store.pause (its Lua calls chunked inside one pipeline),
-    # then the redirected changelist's get_many of one page (seven commands
-    # whatever the page size: HMGET x2, ZMSCORE x4 (schedule, http_schedule,
-    # leases, queued), SMISMEMBER).
+    # Two pipelines: the versioned Store.control (its Lua calls chunked inside
+    # one pipeline), then the redirected changelist's get_many of one page
+    # (seven commands whatever the page size: HMGET x2, ZMSCORE x4 (schedule,
+    # http_schedule, leases, queued), SMISMEMBER).
     assert len(pipelines) == 2 and pipelines[1] == 7
-    updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "zsched_job"')]
-    assert len(updates) == 1
+    # The rows and their outbox entries in one transaction: per 900 rows one
+    # SELECT ... FOR UPDATE and one UPDATE (enabled and version), one INSERT of
+    # the entries (executemany); after Redis took it, one DELETE per 800 entries.
+    sql = [q["sql"] for q in queries]
+    parts = math.ceil(10_000 / 900)
+    assert len([q for q in sql if q.startswith('UPDATE "zsched_job"')]) == parts
+    assert len([q for q in sql if 'INSERT INTO "zsched_outbox"' in q]) == 1
+    assert len([q for q in sql if q.startswith('DELETE FROM "zsched_outbox"')]) == \
+        math.ceil(10_000 / 800)
+    assert not ZSchedOutbox.objects.exists()
     stats = zstore.stats()
     assert (stats["paused"], stats["scheduled"]) == (10_000, 0)
     assert not ZSchedJob.objects.filter(enabled=True).exists()
@@ -367,13 +377,16 @@ def test_change_page_buttons(admin_client: Client, zstore: Store) -> None:
     assert "Reset the failures of 1 job" in html
 
 
-def test_a_button_on_a_job_missing_from_redis_explains_instead_of_failing(
-        admin_client: Client) -> None:
+def test_a_button_on_a_job_missing_from_redis_saves_and_the_outbox_creates_it_paused(
+        admin_client: Client, zstore: Store) -> None:
     row = ZSchedJob.objects.create(url="http://127.0.0.1:1/db-only", interval_s=60)
     response = admin_client.post(reverse("admin:zsched_zschedjob_pause", args=[row.pk]),
                                  follow=True)
-    assert "zsched_sync" in messages_of(response)[0]
-    assert ZSchedJob.objects.get(pk=row.pk).enabled  # nothing half-done
+    assert "not in Redis yet" in messages_of(response)[1]
+    assert not ZSchedJob.objects.get(pk=row.pk).enabled
+    assert outbox.sweep().pushed == 1
+    assert zstore.get(row.job_id).paused
+    assert not ZSchedOutbox.objects.exists()
 
 
 def test_recent_runs_inline_shows_the_drained_history(admin_client: Client, zstore: Store) -> None:
@@ -402,17 +415,24 @@ def test_recent_runs_inline_shows_the_drained_history(admin_client: Client, zsto
     assert "21 runs, 1 failure, 1 in a row" in html
 
 
-def test_redis_down_shows_on_the_page_and_actions_change_nothing(
+def test_redis_down_shows_on_the_page_and_a_pause_waits_in_the_outbox(
         admin_client: Client, zstore: Store, settings: Any) -> None:
     row = bulk_jobs(zstore, 1)[0]
     settings.CELERY_ZSCHED_REDIS_URL = "redis://127.0.0.1:1/0"  # refuses at once
     response = admin_client.get(reverse(CHANGELIST))
     assert response.status_code == 200 and "Redis unavailable" in response.content.decode()
     response = action(admin_client, "pause_jobs", [row.job_id])
-    assert messages_of(response)[0].startswith("Nothing changed: Redis unreachable")
-    assert ZSchedJob.objects.get(pk=row.pk).enabled
+    assert "not in Redis yet" in messages_of(response)[1]
+    assert not ZSchedJob.objects.get(pk=row.pk).enabled
     page = admin_client.get(reverse(CHANGE, args=[row.pk]))
     assert page.status_code == 200 and "Redis unavailable" in page.content.decode()
+    # Run now changes Redis state only: with Redis down it changes nothing.
+    response = action(admin_client, "run_now_jobs", [row.job_id])
+    assert messages_of(response)[0].startswith("Nothing changed: Redis unreachable")
+    # Redis is back: the sweeper delivers the pause.
+    settings.CELERY_ZSCHED_REDIS_URL = zstore.settings.redis_url
+    assert outbox.sweep().pushed == 1
+    assert zstore.get(row.job_id).paused
 
 
 def test_reconcile_after_pause_and_resume_actions_keeps_their_effect(

@@ -134,7 +134,7 @@ def test_valid_form_saves_and_fills_the_id() -> None:
     assert form.is_valid(), form.errors
     with pytest.MonkeyPatch.context() as mp:
         # Redis is not the point here; the save must not need it either way.
-        mp.setattr("celery_zsched.contrib.django.sync.push", lambda *a, **k: True)
+        mp.setattr("celery_zsched.contrib.django.outbox.push", lambda *a, **k: True)
         row = form.save()
     assert row.job_id == job_id_for_url("http://127.0.0.1:1/ok")
 

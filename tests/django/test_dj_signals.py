@@ -10,7 +10,7 @@ import pytest
 from django.db import transaction
 
 from celery_zsched.contrib.django import conf
-from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
 from celery_zsched.errors import ValidationError
 from celery_zsched.store import Store
 
@@ -82,15 +82,17 @@ def test_queryset_delete_reaches_redis(zstore: Store,
 
 
 @pytest.mark.django_db(transaction=True)
-def test_save_succeeds_and_logs_when_redis_is_down(settings: Any,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_save_succeeds_when_redis_is_down_and_the_change_waits_in_the_outbox(
+        settings: Any, caplog: pytest.LogCaptureFixture) -> None:
     settings.CELERY_ZSCHED_REDIS_URL = "redis://127.0.0.1:1/0"
     conf.reset()
     with caplog.at_level(logging.WARNING, logger="celery_zsched.django"):
         row = ZSchedJob.objects.create(url="http://127.0.0.1:1/a", interval_s=30)
         row.delete()
-    assert "zsched_sync will reconcile" in caplog.text
+    assert "kept in the outbox" in caplog.text
     assert not ZSchedJob.objects.exists()
+    assert list(ZSchedOutbox.objects.order_by("id").values_list("job_id", "action")) == [
+        (row.job_id, "save"), (row.job_id, "delete")]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -101,13 +103,19 @@ def test_invalid_row_saved_without_validation_is_logged_not_sent(
         ZSchedJob.objects.create(job_id="bad", task="t", cron="not cron")
     assert not ZSchedJob.objects.exists()
     # ... but update() bypasses save(), and a later save of the runtime mirror
-    # alone does not validate the definition: that row is logged, not sent.
+    # alone does not validate the definition, nor send anything.
     row = ZSchedJob.objects.create(job_id="bad", task="t", cron="0 9 * * *")
     ZSchedJob.objects.filter(pk=row.pk).update(cron="not cron")
     row.refresh_from_db()
     with caplog.at_level(logging.ERROR, logger="celery_zsched.django"):
         row.last_status = "complete"
         row.save(update_fields=["last_status"])
+    assert caplog.text == "" and not ZSchedOutbox.objects.exists()
+    # A raw save (what loaddata does, bypassing save()) of the invalid definition:
+    # logged, not sent, and kept in the outbox (whose sweeper counts its attempts).
+    with caplog.at_level(logging.ERROR, logger="celery_zsched.django"), transaction.atomic():
+        ZSchedJob.save_base(row, raw=True)
     assert "is invalid" in caplog.text
     [info] = zstore.get_many(["bad"])
     assert info is not None and info.job.cron == "0 9 * * *"  # Redis kept the last good one
+    assert list(ZSchedOutbox.objects.values_list("job_id", "action")) == [("bad", "save")]

@@ -49,6 +49,7 @@ from .job_filters import DeadLetteredFilter, QueueFilter
 from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
 from .next_run_order import next_run_page
 from .operations import OPERATIONS, apply_operation
+from .outbox_admin import ZSchedOutboxAdmin  # noqa: F401  (registers itself)
 from .preview_admin import COUNT, fires_html, preview_url
 from .preview_admin import urls as preview_urls
 from .readonly import JobRecordsReadOnly
@@ -547,8 +548,7 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
             self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
             return False
         try:
-            rows, changed, seconds = apply_operation(operation, queryset,
-                                                     by=admin_actor(request), note=note)
+            result = apply_operation(operation, queryset, by=admin_actor(request), note=note)
         except JobNotFound as exc:
             self.message_user(request, f"{exc}: it is not in Redis yet; run "
                               "manage.py zsched_sync to push it.", messages.ERROR)
@@ -557,9 +557,13 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
             self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
             return False
         past = OPERATIONS[operation][1]
-        noun = "job" if rows == 1 else "jobs"
-        self.message_user(request, f"{past} {rows} {noun} ({changed} changed in Redis, "
-                          f"{seconds * 1000:.0f} ms).", messages.SUCCESS)
+        noun = "job" if result.rows == 1 else "jobs"
+        self.message_user(request, f"{past} {result.rows} {noun} ({result.changed} changed in "
+                          f"Redis, {result.seconds * 1000:.0f} ms).", messages.SUCCESS)
+        if result.pending:
+            self.message_user(request, f"{_count(result.pending, 'job')} saved but not in Redis "
+                              "yet: the change waits in the outbox and reaches beat within "
+                              "seconds of Redis being reachable.", messages.WARNING)
         return True
 
     def get_urls(self) -> list[URLPattern]:

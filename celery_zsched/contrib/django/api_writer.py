@@ -28,7 +28,6 @@ from typing import Any
 from django.db import IntegrityError, close_old_connections, connections, router, transaction
 
 from celery_zsched.audit import Actor
-from celery_zsched.errors import JobNotFound
 from celery_zsched.job import Job, definition_tag
 from celery_zsched.results import ImportReport
 from celery_zsched.server.writer import StoreWriter
@@ -131,14 +130,12 @@ class ModelWriter:
             return bool(deleted) or self._redis().delete(job_id, by)
 
     def set_paused(self, job_id: str, paused: bool, by: Actor) -> bool:
-        """The admin's pause or resume action: the Redis state, then the row's ``enabled``."""
+        """The admin's pause or resume action: the row's ``enabled`` (and its outbox
+        entry), then the Redis state."""
         with self._orm_call(by):
             rows = ZSchedJob.objects.using(self.using).filter(job_id=job_id)
-            try:
-                count, _, _ = apply_operation("pause" if paused else "resume", rows, by=by)
-            except JobNotFound:
-                return False
-            return bool(count) or self._redis().set_paused(job_id, paused, by)
+            result = apply_operation("pause" if paused else "resume", rows, by=by)
+            return bool(result.rows) or self._redis().set_paused(job_id, paused, by)
 
     def import_jobs(self, jobs: Sequence[Job], by: Actor, note: str) -> ImportReport:
         """``zsched_import --update``: rows in one transaction, then Redis, staggered.

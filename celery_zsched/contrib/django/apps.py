@@ -1,4 +1,9 @@
-"""App configuration: label ``zsched``; signals are connected in :meth:`ready`."""
+"""App configuration: label ``zsched``; signals are connected in :meth:`ready`.
+
+Including the outbox's sweeper: every beat process of the project (``celery beat``,
+or a worker's embedded ``-B`` beat) starts it on Celery's ``beat_init``, once
+Django is set up (Celery's Django fix-up runs ``django.setup()`` first).
+"""
 
 from __future__ import annotations
 
@@ -21,4 +26,10 @@ class ZSchedConfig(AppConfig):
     def ready(self) -> None:
         # Imported for their side effects: receivers and system checks register
         # themselves, and only now, when the app registry is complete.
+        from celery.signals import beat_embedded_init, beat_init
+
         from . import checks, signals  # noqa: F401
+        from .outbox import start_sweeper
+
+        beat_init.connect(start_sweeper, dispatch_uid="zsched_outbox_sweeper")
+        beat_embedded_init.connect(start_sweeper, dispatch_uid="zsched_outbox_sweeper_embedded")

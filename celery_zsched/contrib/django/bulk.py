@@ -17,12 +17,13 @@ from typing import TextIO
 from django.db import connections, router, transaction
 from django.utils import timezone as dj_timezone
 
-from celery_zsched.audit import Actor
+from celery_zsched.audit import API, Actor
 from celery_zsched.errors import ValidationError
 from celery_zsched.importer import import_actor, parse_rows, read_rows, write_rows
 from celery_zsched.job import Job
 from celery_zsched.store import ImportReport
 
+from . import outbox
 from .conf import get_defaults, get_store
 from .models import DEFINITION_FIELDS, ZSchedJob
 from .progress import Progress
@@ -93,7 +94,8 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
     A file that cannot be read raises :class:`~celery_zsched.errors.ValidationError`.
     If Redis is down after the database commit,
     :class:`~celery_zsched.errors.StoreUnavailable` is raised: the rows are
-    saved, and ``zsched_sync`` brings Redis in line.
+    saved with their outbox entries, and beat's outbox sweeper pushes them
+    (staggered) as soon as Redis is reachable.
     """
     progress = progress or Progress(io.StringIO(), enabled=False)
     summary = ImportSummary(dry_run=dry_run)
@@ -135,29 +137,42 @@ def write_jobs(jobs: list[Job], summary: ImportSummary, *, update: bool,
     summary.timings["validate"] = _lap(clock)
     if dry_run:
         if update and existing:
-            summary.updated = _update(existing, progress, dry_run=True)
+            summary.updated = len(_update(existing, progress, dry_run=True)[0])
             summary.unchanged = len(existing) - summary.updated
         progress.finish()
         return
 
     clock = time.perf_counter()
-    with transaction.atomic():
+    by = by or API
+    using = router.db_for_write(ZSchedJob)
+    versions: dict[str, int] = {}
+    with transaction.atomic(using=using):
         _create(fresh, progress)
         if update and existing:
-            summary.updated = _update(existing, progress)
+            changed_ids, versions = _update(existing, progress)
+            summary.updated = len(changed_ids)
             summary.unchanged = len(existing) - summary.updated
+        else:
+            changed_ids = []
+        # In the rows' transaction: every written row reaches Redis, now or from the
+        # outbox's sweeper if Redis fails below.
+        recorded = [job.id for job in fresh] + changed_ids
+        version = outbox.record(recorded, outbox.SAVE, using=using, by=by, note=note)
+        versions.update(dict.fromkeys(recorded, version))
     progress.finish()
     summary.timings["db"] = _lap(clock)
 
     # With update, unchanged jobs are upserted too (a no-op for Redis when
-    # they are there, a repair when they are not).
+    # they are there, a repair when they are not), each at its row's version.
     written = fresh + existing if update else fresh
     if written:
         clock = time.perf_counter()
         progress.start("redis", len(written))
         summary.redis = get_store().upsert_many(written, stagger=True, total=len(written),
                                                 progress=progress.update,
-                                                by=by, note=note)
+                                                by=by, note=note, versions=versions)
+        outbox.confirm((outbox.Change(job_id, version, outbox.SAVE) for job_id in recorded),
+                       using)
         progress.finish()
         summary.timings["redis"] = _lap(clock)
 
@@ -174,8 +189,10 @@ def _create(jobs: list[Job], progress: Progress) -> None:
         progress.advance(len(part))
 
 
-def _update(jobs: list[Job], progress: Progress, *, dry_run: bool = False) -> int:
-    """Overwrite the definitions of existing rows; returns how many actually changed.
+def _update(jobs: list[Job], progress: Progress, *, dry_run: bool = False
+            ) -> tuple[list[str], dict[str, int]]:
+    """Overwrite the definitions of existing rows: the ids that changed, and the
+    versions of the rows that did not (to push them at their own version).
 
     Rows whose definition is already equal are not written, so re-importing a
     file costs reads only. Changed rows are written with one parametrised
@@ -185,7 +202,8 @@ def _update(jobs: list[Job], progress: Progress, *, dry_run: bool = False) -> in
     """
     progress.start("update", len(jobs))
     now = dj_timezone.now()
-    changed = 0
+    changed: list[str] = []
+    unchanged: dict[str, int] = {}
     pending: list[ZSchedJob] = []
     for part in batched(jobs, IN_CHUNK):
         by_id = {job.id: job for job in part}
@@ -195,12 +213,14 @@ def _update(jobs: list[Job], progress: Progress, *, dry_run: bool = False) -> in
             if row.definition_values() != before:
                 row.updated_at = now
                 pending.append(row)
-        changed += len(pending)
+            else:
+                unchanged[row.job_id] = row.version
+        changed += [row.job_id for row in pending]
         if not dry_run and pending:
             _write_definitions(pending)
         pending = []
         progress.advance(len(part))
-    return changed
+    return changed, unchanged
 
 
 def _write_definitions(rows: list[ZSchedJob]) -> None:

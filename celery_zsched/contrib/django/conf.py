@@ -18,10 +18,11 @@ by itself when a test changes a relevant setting).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import redis
@@ -57,29 +58,66 @@ def redis_alias() -> str | None:
     return str(alias) if alias else None
 
 
+#: The least value of each Django-only setting, and whether it may equal it.
+_MINIMUM: dict[str, tuple[float, bool]] = {
+    "history_days": (0, True), "outbox_interval_s": (0, False),
+    "outbox_backoff_max_s": (0, False), "outbox_max_attempts": (1, True),
+    "outbox_warn_s": (0, False),
+}
+
+
 @dataclass(frozen=True)
 class DjangoSettings:
-    """Settings only the Django app reads (beat accepts them and leaves them alone)."""
+    """Settings only the Django app reads (beat accepts them and leaves them alone).
 
-    #: Days of run history ``zsched_drain`` keeps (``CELERY_ZSCHED_HISTORY_DAYS``,
-    #: env ``ZSCHED_HISTORY_DAYS``); 0 keeps it forever.
+    Each is ``CELERY_ZSCHED_<NAME>`` in Django settings, overridden by the
+    environment variable ``ZSCHED_<NAME>``.
+    """
+
+    #: Days of run history ``zsched_drain`` keeps; 0 keeps it forever.
     history_days: int = 30
+    #: Seconds between two sweeps of the outbox (:mod:`.outbox`) by the sweeper
+    #: that runs in beat: how soon a change that missed Redis is tried again.
+    outbox_interval_s: float = 1.0
+    #: While Redis is unreachable the sweeper waits ``outbox_interval_s``, then
+    #: twice that, and so on up to this: a change reaches Redis at most about
+    #: this long after Redis is back.
+    outbox_backoff_max_s: float = 2.0
+    #: Failed pushes of one change (Redis refused it, or its row is invalid;
+    #: Redis being unreachable never counts) before it is dead-lettered.
+    outbox_max_attempts: int = 10
+    #: Seconds the oldest pending change may wait before ``zsched_stats`` and the
+    #: dashboard warn.
+    outbox_warn_s: float = 60.0
 
     @classmethod
     def from_django(cls, env: Mapping[str, str] | None = None) -> DjangoSettings:
         """Read and validate; raises :class:`ConfigurationError` naming the setting."""
         env = os.environ if env is None else env
-        raw: Any = zsched_mapping().get("zsched_history_days", cls.history_days)
-        source = "zsched_history_days"
-        if "ZSCHED_HISTORY_DAYS" in env:
-            raw, source = env["ZSCHED_HISTORY_DAYS"], "ZSCHED_HISTORY_DAYS"
-        try:
-            days = int(raw) if not isinstance(raw, bool | float) else None
-        except (TypeError, ValueError):
-            days = None
-        if days is None or days < 0:
-            raise ConfigurationError(f"{source} must be an int >= 0, got {raw!r}")
-        return cls(history_days=days)
+        mapping = zsched_mapping()
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw: Any = mapping.get(f"zsched_{f.name}", f.default)
+            source = f"zsched_{f.name}"
+            if f"ZSCHED_{f.name.upper()}" in env:
+                raw, source = env[f"ZSCHED_{f.name.upper()}"], f"ZSCHED_{f.name.upper()}"
+            values[f.name] = _number(raw, type(f.default), source, *_MINIMUM[f.name])
+        return cls(**values)
+
+
+def _number(raw: Any, kind: type[Any], source: str, least: float, inclusive: bool) -> Any:
+    value: int | float | None
+    try:
+        value = None if isinstance(raw, bool) or (kind is int and isinstance(raw, float)) \
+            else kind(raw)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value) or value < least \
+            or (value == least and not inclusive):
+        words = "an int" if kind is int else "a number"
+        raise ConfigurationError(f"{source} must be {words} {'>=' if inclusive else '>'} "
+                                 f"{least:g}, got {raw!r}")
+    return value
 
 
 def get_django_settings() -> DjangoSettings:

@@ -14,7 +14,10 @@ Every figure comes from a read whose cost is bounded whatever the fleet size:
   Without history in the window they are computed from the newest
   :data:`STREAM_SAMPLE` entries of the Redis settle stream instead;
 * **jobs by state** and the dead-letter count: the counters of :meth:`Store.stats`;
-* **throttled domains and open breakers** (with pacing on): :meth:`Store.domain_alerts`.
+* **throttled domains and open breakers** (with pacing on): :meth:`Store.domain_alerts`;
+* **changes not in Redis yet** (the outbox): one query over the outbox table
+  (:func:`.outbox.status`), with a warning when the oldest is older than
+  ``zsched_outbox_warn_s`` or some are dead-lettered; shown when Redis is down too.
 
 The view is a plain admin view under the job admin's URLs
 (``.../zschedjob/dashboard/``), guarded by its view permission like the
@@ -42,7 +45,7 @@ from celery_zsched.errors import StoreUnavailable, redis_unavailable
 from celery_zsched.store import Store
 from celery_zsched.timing import ms_to_dt
 
-from . import svg
+from . import outbox, svg
 from .conf import get_store
 from .models import ZSchedRun
 from .stats import percentile
@@ -341,6 +344,9 @@ class DashboardAdminView:
             **self.site.each_context(request), "title": "Scheduler dashboard",
             "opts": self.opts, "dead_url": self._url("dead_letters"),
             "domains_url": self._url("domains"), "error": "",
+            # From the database alone: shown when Redis is down too, when it matters most.
+            "outbox": outbox.status(),
+            "outbox_url": self._url("zschedoutbox_changelist"),
         }
         try:
             context.update(self._charts(gather(get_store())))

@@ -7,10 +7,10 @@ guarded by its permissions like the Domains pages: who may view jobs sees
 the list, who may change jobs may act on it (403 otherwise).
 
 Each action is one :class:`Store` call over the selected ids (one pipeline,
-grouped by partition) plus one SQL ``UPDATE`` per 900 ids of the ``enabled``
-column: requeue unpauses, purge pauses. Without that update the next
-``zsched_sync`` would see the row disagree with Redis and push the row's
-``enabled`` back, undoing a purge.
+grouped by partition), then the ``enabled`` column of their rows follows,
+recorded in the outbox (:mod:`.outbox`) in the same transaction: requeue
+unpauses, purge pauses. Without that update the next ``zsched_sync`` would see
+the row disagree with Redis and push the row's ``enabled`` back, undoing a purge.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import router, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -27,10 +28,10 @@ from celery_zsched import dead
 from celery_zsched.dead import DeadLetter
 from celery_zsched.errors import StoreUnavailable
 
+from . import outbox
 from .audit import admin_actor, request_note
 from .conf import get_store
 from .models import ZSchedJob
-from .sync import IN_CHUNK, batched
 
 #: Newest dead letters shown (and selectable) on the page; the CLI's
 #: ``zsched dead requeue --all`` acts on any number.
@@ -40,6 +41,10 @@ ACTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "requeue": ("requeue_dead", "Requeued", {"enabled": True, "consecutive_failures": 0}),
     "purge": ("purge_dead", "Purged (jobs kept, paused)", {"enabled": False}),
 }
+
+
+#: The change each action makes to the rows, as the outbox records it.
+_ROW_ACTION = {"requeue": "resume", "purge": "pause"}
 
 
 class DeadLetterAdminViews:
@@ -110,9 +115,14 @@ class DeadLetterAdminViews:
         except StoreUnavailable as exc:
             messages.error(request, f"Nothing changed: {exc}")
             return
-        for part in batched(ids, IN_CHUNK):
-            # update(): no save signals, so no per-row push back to Redis.
-            ZSchedJob.objects.filter(job_id__in=part).update(**columns)
+        # The rows follow (enabled), recorded in the outbox like every change of a
+        # row: their versioned push after the commit finds Redis already so.
+        by, using = admin_actor(request), router.db_for_write(ZSchedJob)
+        with transaction.atomic(using=using):
+            changed_ids, version = outbox.write_rows(ids, columns, _ROW_ACTION[action],
+                                                     using=using, by=by)
+            outbox.push_after_commit([outbox.Change(job_id, version, _ROW_ACTION[action], by=by)
+                                      for job_id in changed_ids], using=using)
         skipped = len(ids) - changed
         note = f" ({skipped} no longer dead-lettered, left alone)" if skipped else ""
         messages.success(request, f"{past} {changed} dead letter{'' if changed == 1 else 's'}"

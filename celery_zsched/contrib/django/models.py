@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from django.conf import settings as django_settings
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import models
+from django.db import models, router, transaction
 from django.utils import timezone as dj_timezone
 from django.utils.hashable import make_hashable
 
@@ -227,6 +227,11 @@ class ZSchedJob(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    #: Grows with every change this package makes to the row: the id of the last
+    #: outbox entry recorded for it (:mod:`.outbox`). Redis refuses a push of an
+    #: older version, so pushes arriving out of order never move a job back.
+    #: 0: never changed through this package (pushed unversioned).
+    version = models.PositiveBigIntegerField(default=0, editable=False)
 
     objects: ClassVar[models.Manager[ZSchedJob]] = models.Manager()
     # The job id this instance was loaded with: a rename must delete the old one
@@ -394,6 +399,10 @@ class ZSchedJob(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Validate as :meth:`full_clean` does, then save; Redis follows on commit.
 
+        The row and its outbox entry (:mod:`.outbox`) are written in one
+        transaction (this one, or one of their own), so a change that is saved
+        always reaches Redis: after the commit, or from the outbox's sweeper.
+
         A row that fails validation is never written: :class:`JobValidationError`
         is raised instead (never ``IntegrityError`` or ``OverflowError``), so the
         database holds no definition Redis cannot follow. Rows validated by
@@ -408,7 +417,10 @@ class ZSchedJob(models.Model):
                 self.full_clean()  # derives job_id (from the URL) and kind, too
             if update_fields is not None:
                 kwargs["update_fields"] = {*update_fields, "job_id", "kind"}
-        super().save(*args, **kwargs)
+        # The post_save signal records the outbox entry: in the row's transaction.
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using, savepoint=False):
+            super().save(*args, **kwargs)
 
     def derive_kind(self) -> str:
         """``cron``, ``once`` or ``interval``, as :attr:`Job.kind` would say."""
@@ -571,3 +583,55 @@ class ZSchedJobChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.action} by {self.actor_kind}:{self.actor_name}"
+
+
+class SyncAction(models.TextChoices):
+    """What an outbox entry sends to Redis."""
+
+    SAVE = "save", "Save"
+    DELETE = "delete", "Delete"
+    PAUSE = "pause", "Pause"
+    RESUME = "resume", "Resume"
+
+
+class ZSchedOutbox(models.Model):
+    """One change of a job row not yet confirmed in Redis: the transactional outbox.
+
+    Written in the transaction of the change itself (:mod:`.outbox`), so a
+    change is never saved without it. The push after the commit deletes it; one
+    that could not reach Redis stays, and the sweeper in beat retries it. Its
+    ``id`` is the change's version: a row's ``version`` is the id of its newest
+    entry, and Redis refuses an older one. Only pending and dead-lettered
+    changes are here, so the table stays small whatever the number of jobs.
+    """
+
+    job_id = models.CharField("job id", max_length=200)
+    action = models.CharField(max_length=10, choices=SyncAction.choices)
+    actor_kind = models.CharField("by (kind)", max_length=20, choices=ActorKind.choices)
+    actor_name = models.CharField("by", max_length=150, blank=True)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=dj_timezone.now)
+    #: Failed pushes that were this change's own fault (Redis being down never counts).
+    attempts = models.PositiveIntegerField(default=0)
+    next_try_at = models.DateTimeField(default=dj_timezone.now)
+    last_error = models.TextField(blank=True)
+    #: Set after ``zsched_outbox_max_attempts`` failed attempts: kept, shown in the
+    #: admin, retried only when an operator asks (or a newer change supersedes it).
+    dead_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[models.Manager[ZSchedOutbox]] = models.Manager()
+
+    class Meta:
+        db_table = "zsched_outbox"
+        verbose_name = "change not yet in Redis"
+        verbose_name_plural = "changes not yet in Redis"
+        indexes = (
+            # The sweeper's query: pending changes due for a try, oldest first.
+            models.Index(fields=["next_try_at", "id"], name="zsched_outbox_due",
+                         condition=models.Q(dead_at__isnull=True)),
+            # A push confirmed: its job's entries up to its version go.
+            models.Index(fields=["job_id", "id"], name="zsched_outbox_job"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.job_id} (version {self.pk})"

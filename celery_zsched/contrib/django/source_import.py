@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 
-from django.db import transaction
+from django.db import router, transaction
 
 from celery_zsched.errors import ValidationError
 from celery_zsched.sources import (
@@ -27,6 +27,7 @@ from celery_zsched.sources import (
     source_actor,
 )
 
+from . import outbox
 from .bulk import _create, _update
 from .conf import get_defaults, get_store
 from .models import ZSchedJob
@@ -99,15 +100,30 @@ def import_source(read: SourceRead, *, dry_run: bool = False, skip_invalid: bool
     known = existing_ids(job.id for job in jobs)
     fresh = [job for job in jobs if job.id not in known]
     existing = [job for job in jobs if job.id in known]
-    with transaction.atomic():
+    by, using = source_actor(read), router.db_for_write(ZSchedJob)
+    with transaction.atomic(using=using):
         if not dry_run:
             _create(fresh, progress)
-        changed = _update(existing, progress, dry_run=dry_run) if existing else 0
+        changed_ids, versions = _update(existing, progress, dry_run=dry_run) \
+            if existing else ([], {})
+        recorded = [] if dry_run else [job.id for job in fresh] + changed_ids
+        # The rows' outbox entries, in their transaction (see .outbox).
+        version = outbox.record(recorded, outbox.SAVE, using=using, by=by)
+        versions.update(dict.fromkeys(recorded, version))
     progress.finish()
     verb = "would " if dry_run else ""
-    plan.notes.append(f"database: {verb}create {len(fresh)} row(s), {verb}update {changed}, "
-                      f"unchanged {len(existing) - changed}")
-    if todo and not dry_run:
-        plan.redis = get_store().upsert_many(todo, stagger=False, first_due=plan.first_due,
-                                             by=source_actor(read))
+    plan.notes.append(f"database: {verb}create {len(fresh)} row(s), {verb}update "
+                      f"{len(changed_ids)}, unchanged {len(existing) - len(changed_ids)}")
+    if dry_run:
+        return plan
+    # What Redis lacks or holds differently, and every row just written (at its
+    # version, so the outbox has nothing left to push).
+    pushed = {job.id for job in todo}
+    extra = [job for job in jobs if job.id in set(recorded) - pushed]
+    if todo or extra:
+        plan.redis = get_store().upsert_many([*todo, *extra], stagger=False,
+                                             first_due=plan.first_due, by=by,
+                                             versions=versions)
+        outbox.confirm((outbox.Change(job_id, version, outbox.SAVE) for job_id in recorded),
+                       using)
     return plan

@@ -14,6 +14,7 @@ from django.utils import timezone as dj_timezone
 from celery_zsched.errors import redis_unavailable
 from celery_zsched.store import Store
 
+from . import outbox
 from .conf import get_store
 from .models import ZSchedJob, ZSchedRun
 
@@ -51,13 +52,19 @@ def collect(window_minutes: int = 60, dead_sample: int = 10) -> dict[str, Any]:
       from run history, or from the Redis event stream when none was drained;
     * ``dead_letters``: how many, and the most recent ids;
     * ``domains`` (with ``zsched_pacing`` on): the names of the throttled
-      domains and of those whose breaker is not closed.
+      domains and of those whose breaker is not closed;
+    * ``outbox``: changes saved in the database and not in Redis yet (pending,
+      dead-lettered, the oldest one's age) and a warning past
+      ``zsched_outbox_warn_s`` (see :func:`.outbox.status`).
 
     Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
     """
     store = get_store()
+    pending = outbox.status()
     with redis_unavailable():
-        return _collect(store, window_minutes, dead_sample)
+        out = _collect(store, window_minutes, dead_sample)
+    out["outbox"] = pending.as_dict()
+    return out
 
 
 def _collect(store: Store, window_minutes: int, dead_sample: int) -> dict[str, Any]:
@@ -118,6 +125,18 @@ def lines(stats: dict[str, Any]) -> list[str]:
                + (f" (latest: {', '.join(dead['recent'])})" if dead["recent"] else ""))
     if "domains" in stats:
         out += domain_lines(stats["domains"])
+    if "outbox" in stats:
+        out += outbox_lines(stats["outbox"])
+    return out
+
+
+def outbox_lines(state: dict[str, Any]) -> list[str]:
+    """The outbox's counts, and its warning when there is one."""
+    out = [f"Outbox (changes not in Redis yet): {state['pending']} pending"
+           + (f" (oldest {state['oldest_age_s']:.0f} s)" if state["pending"] else "")
+           + f", {state['dead']} dead-lettered"]
+    if state.get("warning"):
+        out.append(f"WARNING: {state['warning']}")
     return out
 
 

@@ -1,9 +1,12 @@
-"""Keep Redis in line with the database: per-row pushes after commit, and bulk reconcile.
+"""Keep Redis in line with the database: bulk reconcile, the safety net.
 
-The database row is the durable definition. :func:`push` and :func:`remove`
-run after a commit (see :mod:`.signals`). :func:`reconcile` repairs whatever
-they could not see: queryset ``update()``, ``bulk_create()``, raw SQL, a Redis
-that was down at commit, or a Redis that lost everything.
+The database row is the durable definition. Every change this package makes
+reaches Redis through the outbox (:mod:`.outbox`): pushed after the commit, or
+by the sweeper in beat when Redis was unreachable then, so a Redis blip needs
+no reconcile. :func:`reconcile` repairs what the outbox cannot know: a Redis
+that lost its data (a flush, a restart without persistence, a failover that
+lost writes), and rows written around this package (queryset ``update()``,
+``bulk_create()`` or raw SQL of your own).
 """
 
 from __future__ import annotations
@@ -15,11 +18,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import redis
 from django.db.models import QuerySet
 
 from celery_zsched.audit import Actor, local_user
-from celery_zsched.errors import JobNotFound, ValidationError, ZSchedError
+from celery_zsched.errors import JobNotFound, ValidationError
 from celery_zsched.job import Defaults, Job
 from celery_zsched.store import Store
 
@@ -97,39 +99,7 @@ def reconcile_actor() -> Actor:
     return Actor("reconcile", local_user())
 
 
-# --------------------------------------------------------- after-commit pushes
-def push(job: Job | None, *, replaces: str | None = None, by: Actor | None = None,
-         note: str = "") -> bool:
-    """Store ``job`` in Redis (disabled jobs are stored paused); False if Redis failed.
-
-    ``replaces`` is a previous id of the same row, deleted first. Failures are
-    logged, never raised: the row is saved, and :func:`reconcile` repairs Redis.
-    The change is recorded as made ``by`` (default: ``api``), with ``note``.
-    """
-    try:
-        store = get_store()
-        if replaces:
-            _delete(store, [replaces], by=by, note=note)
-        if job is not None:
-            store.upsert(job, by=by, note=note)
-    except (ZSchedError, redis.RedisError) as exc:
-        logger.warning("zsched: Redis not updated for job %s (%s); zsched_sync will reconcile it",
-                       job.id if job else replaces, exc)
-        return False
-    return True
-
-
-def remove(job_ids: Sequence[str], *, by: Actor | None = None, note: str = "") -> bool:
-    """Delete jobs from Redis; False (logged, not raised) if Redis failed."""
-    try:
-        _delete(get_store(), job_ids, by=by, note=note)
-    except (ZSchedError, redis.RedisError) as exc:
-        logger.warning("zsched: Redis not updated for deleted job(s) %s (%s); "
-                       "zsched_sync will reconcile", ", ".join(job_ids[:5]), exc)
-        return False
-    return True
-
-
+# ---------------------------------------------------------------- pushing rows
 def _delete(store: Store, job_ids: Sequence[str], *, by: Actor | None = None,
             note: str = "") -> int:
     try:
@@ -143,15 +113,24 @@ def push_pks(pks: Sequence[int], *, stagger: bool = True,
     """Upsert the definitions of rows named by primary key, streamed; returns the count.
 
     Rows are read 900 at a time; first runs of new jobs are staggered over all
-    of them. Invalid rows are skipped (and logged). Raises
+    of them. Each is pushed at its ``version``. Invalid rows are skipped (and logged). Raises
     :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
     """
     defaults = get_defaults()
     invalid: list[str] = []
-    jobs = (job for part in batched(pks, IN_CHUNK) for _row, job in valid_jobs(
-        ZSchedJob.objects.filter(pk__in=part).order_by("pk"), defaults, invalid))
-    report = get_store().upsert_many(jobs, stagger=stagger, total=len(pks), progress=progress,
-                                     by=by)
+    # Each row at its version (filled in as the rows stream by): a change made
+    # meanwhile, already pushed with a newer version, is not undone.
+    versions: dict[str, int] = {}
+
+    def jobs() -> Iterator[Job]:
+        for part in batched(pks, IN_CHUNK):
+            rows = ZSchedJob.objects.filter(pk__in=part).order_by("pk")
+            for row, job in valid_jobs(rows, defaults, invalid):
+                versions[job.id] = row.version
+                yield job
+
+    report = get_store().upsert_many(jobs(), stagger=stagger, total=len(pks),
+                                     progress=progress, by=by, versions=versions)
     for line in invalid[:SAMPLES]:
         logger.error("zsched: invalid job not sent to Redis: %s", line)
     return report.created + report.updated
@@ -227,8 +206,10 @@ def reconcile(*, dry_run: bool = False, prune: bool = True, chunk_size: int = CH
     3. With ``prune``, dynamic Redis jobs that have no row are deleted. Jobs
        from the static ``beat_schedule`` setting are never deleted.
 
-    This is how changes that send no signals reach Redis: queryset
-    ``update()``, ``bulk_create()``, raw SQL. With ``dry_run`` nothing is
+    This is how changes made around this package reach Redis (queryset
+    ``update()``, ``bulk_create()``, raw SQL of your own), and how Redis is
+    rebuilt after it lost its data. A Redis that was only unreachable needs
+    none: the outbox delivers every change. With ``dry_run`` nothing is
     written, to Redis or the database; the report tells what would change.
     Memory holds one chunk plus the primary keys of the rows to push.
     Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.

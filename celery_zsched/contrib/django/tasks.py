@@ -7,11 +7,13 @@
         },
         "zsched-reconcile": {
             "task": "celery_zsched.contrib.django.tasks.reconcile",
-            "schedule": 3600.0,
+            "schedule": 86400.0,
         },
     }
 
 Both are idempotent, and the scheduler never runs two of the same job at once.
+Reconcile is the safety net for a Redis that lost its data, not how edits reach
+Redis (the outbox does that, see :mod:`.outbox`): once a day is plenty.
 """
 
 from __future__ import annotations

@@ -9,12 +9,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_zsched.errors import ZSchedError
 
-from ...stats import collect, lines
+from ...outbox import status
+from ...stats import collect, lines, outbox_lines
 
 
 class Command(BaseCommand):
     help = ("Show jobs by state, jobs due in the next minute and hour, p50/p95/p99 "
-            "lateness of recent runs, dead letters, and throttled domains.")
+            "lateness of recent runs, dead letters, throttled domains, and the changes "
+            "not in Redis yet (outbox), with a warning when the oldest is too old.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--window", type=int, default=60,
@@ -25,6 +27,9 @@ class Command(BaseCommand):
         try:
             stats = collect(window_minutes=options["window"])
         except ZSchedError as exc:
+            # Redis is down: what is waiting for it still matters, most of all now.
+            for line in outbox_lines(status().as_dict()):
+                self.stderr.write(line)
             raise CommandError(str(exc)) from exc
         if options["json"]:
             self.stdout.write(json.dumps(stats, indent=2, sort_keys=True))
