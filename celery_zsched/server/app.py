@@ -59,7 +59,7 @@ def create_app(store: Store, *, sender: Any = None, writer: JobWriter | None = N
     app.state.tokens = Tokens(api_token_scopes(settings.api_tokens))
     app.state.gateway = gateway.Gateway(
         store=store, dispatcher=dispatcher,
-        signer=LeaseSigner.for_settings(store.base.prefix, settings.api_tokens),
+        signer=LeaseSigner.for_settings(settings, store.base.prefix),
         timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s, sender=sender)
     app.include_router(gateway.router)
     app.include_router(imports.router)

@@ -34,6 +34,8 @@ WORKER = "worker-token-0123456789"
 READER = "reader-token-0123456789"
 WRITER = "writer-token-0123456789"
 TOKENS = f"{WORKER}:worker,{READER}:read,{WRITER}:write"
+#: zsched_gateway_lease_secret of every test server (required with a worker token).
+LEASE_SECRET = "test-lease-secret-0123456789abcdefghij"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -76,8 +78,9 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
               writer: JobWriter | None = None, **overrides: Any) -> Served:
         """``store`` given: served as it is (its settings hold the tokens); ``writer``
         takes the management API's changes (default: the store)."""
-        values = {"api_tokens": TOKENS, "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0,
-                  "max_jitter_s": 0.0, **overrides}
+        values = {"api_tokens": TOKENS, "gateway_lease_secret": LEASE_SECRET,
+                  "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0, "max_jitter_s": 0.0,
+                  **overrides}
         if store is None:
             store = (Store.from_settings(Settings(redis_url=redis_url, **values)) if redis_url
                      else make_store(**values))
@@ -132,7 +135,8 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
     exports the test suite's, which would make the server write Django models.
     """
     env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
-           "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_MAX_JITTER_S": "0"}
+           "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_GATEWAY_LEASE_SECRET": LEASE_SECRET,
+           "ZSCHED_MAX_JITTER_S": "0"}
     env.update({f"ZSCHED_{name.upper()}": str(value) for name, value in settings.items()})
     env.pop("DJANGO_SETTINGS_MODULE", None)
     if django_settings:
