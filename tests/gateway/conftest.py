@@ -26,6 +26,7 @@ from celery_zsched.config import Settings
 from celery_zsched.job import Job
 from celery_zsched.server.app import create_app
 from celery_zsched.server.dispatcher import Dispatcher
+from celery_zsched.server.runner import server_config
 from celery_zsched.server.writer import JobWriter
 from celery_zsched.store import Store
 from tests.helpers import free_port, wait
@@ -86,8 +87,9 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
                      else make_store(**values))
         app = create_app(store, writer=writer)
         port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                lifespan="on", timeout_graceful_shutdown=5)
+        # The server's own configuration (its guarded protocol), as zsched serve's.
+        config = server_config(app, "127.0.0.1", port, log_level="warning",
+                               timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
