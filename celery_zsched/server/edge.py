@@ -47,11 +47,11 @@ logger = logging.getLogger("celery_zsched.server")
 
 #: Pending connections the kernel queues for accept(); asyncio accepts up to this
 #: many per loop tick before any of their protocols runs.
-BACKLOG = 128
+BACKLOG = 32
 #: Fds kept free of HTTP connections: the store's Redis connections (one per store
 #: thread, the wake-up subscription), the listening socket, logs, and the sockets
 #: accepted in a burst (up to two ticks of :data:`BACKLOG`) before the cap closes them.
-FD_RESERVE = 64 + 2 * BACKLOG
+FD_RESERVE = 64 + 4 * BACKLOG
 #: Largest automatic connection cap, whatever the fd limit.
 MAX_AUTO_CONNECTIONS = 4096
 #: Fewest connections the server runs with (an fd limit too low for the reserve).

@@ -9,6 +9,7 @@ the Node.js worker) start one with :func:`serve_process`.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -130,11 +131,12 @@ def _output(proc: subprocess.Popen[str]) -> str:
 
 def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warning",
                   *, django_settings: str | None = None, args: Sequence[str] = (),
-                  **settings: Any) -> subprocess.Popen[str]:
+                  fd_limit: int | None = None, **settings: Any) -> subprocess.Popen[str]:
     """``celery -A tests.cli_app zsched serve`` in a process of its own; waits until it answers.
 
     Without Django unless ``django_settings`` names a settings module: pytest-django
     exports the test suite's, which would make the server write Django models.
+    ``fd_limit``: the process's RLIMIT_NOFILE (soft and hard), as ``ulimit -n`` sets it.
     """
     env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
            "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_GATEWAY_LEASE_SECRET": LEASE_SECRET,
@@ -143,10 +145,16 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
     env.pop("DJANGO_SETTINGS_MODULE", None)
     if django_settings:
         env["DJANGO_SETTINGS_MODULE"] = django_settings
+
+    def limit_fds() -> None:
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.cli_app", "zsched", "serve",
          "--port", str(port), "--log-level", log_level, *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=limit_fds if fd_limit is not None else None)
     _drain(proc)
 
     def answers() -> bool:
@@ -160,6 +168,11 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
 
     wait(answers, 20, "zsched serve to answer", interval=0.1)
     return proc
+
+
+def output_so_far(proc: subprocess.Popen[str]) -> str:
+    """What a serve process has printed so far (it keeps running)."""
+    return "".join(_OUTPUT[proc.pid][1])
 
 
 def stop_process(proc: subprocess.Popen[str], timeout: float = 15) -> str:
