@@ -53,15 +53,19 @@ class ErrorReport(CompleteReport):
 async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The request body; ``413`` as soon as it passes ``limit`` bytes (never read whole)."""
     declared = request.headers.get("content-length", "")
-    too_large = Problem(413, "body too large", f"this request's body is at most {limit} bytes")
     if declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise too_large(limit)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise too_large
+            raise too_large(limit)
     return bytes(body)
+
+
+def too_large(limit: int) -> Problem:
+    """``413``: the body passed ``limit`` bytes (the server stops reading, and closes)."""
+    return Problem(413, "body too large", f"this request's body is at most {limit} bytes")
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
