@@ -25,7 +25,7 @@ from django.urls import URLPattern, path, reverse
 
 from celery_zsched import dead
 from celery_zsched.dead import DeadLetter
-from celery_zsched.errors import StoreUnavailable
+from celery_zsched.errors import StoreUnavailable, ValidationError
 
 from .audit import admin_actor, request_note
 from .conf import get_store
@@ -104,10 +104,10 @@ class DeadLetterAdminViews:
             return
         method, past, columns = ACTIONS[action]
         try:
+            note = request_note(request)
             # Redis first: if it is down nothing changes, the database included.
-            changed = getattr(get_store(), method)(*ids, by=admin_actor(request),
-                                                    note=request_note(request))
-        except StoreUnavailable as exc:
+            changed = getattr(get_store(), method)(*ids, by=admin_actor(request), note=note)
+        except (StoreUnavailable, ValidationError) as exc:
             messages.error(request, f"Nothing changed: {exc}")
             return
         for part in batched(ids, IN_CHUNK):
