@@ -13,6 +13,7 @@ import csv
 import io
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -30,7 +31,8 @@ BOUND = 4
 
 def _row(n: int) -> dict[str, object]:
     return {"id": f"mem-{n:07d}", "url": f"https://host{n % 997}.example/feed/{n}?page=1",
-            "task": "scrape", "name": f"feed number {n} – größer 😀", "interval_s": 300 + n % 60,
+            "task": "scrape", "name": f"feed number {n} \u2013 größer \U0001f600",
+            "interval_s": 300 + n % 60,
             "jitter_s": 5, "queue": "eu", "routing_key": "eu.scrape", "priority": 3,
             "expires_s": 60, "enabled": True, "max_runs": 1000, "misfire_grace_s": 30,
             "retry_max": 2, "retry_base_s": 10, "timezone": "Europe/Berlin",
@@ -74,7 +76,7 @@ def _peak_over(server: Server, body: bytes, fmt: str, dry_run: bool) -> tuple[in
         answer = client.post("/v1/jobs:import", content=body,
                              params={"format": fmt, "dry_run": dry_run})
     assert answer.status_code == 200, answer.text[:2000]
-    status = open(f"/proc/{server.proc.pid}/status").read()
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
     peak = int(next(line for line in status.splitlines()
                     if line.startswith("VmHWM:")).split()[1]) * 1024
     return peak - before, answer.json()
