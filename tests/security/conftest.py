@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import READER, stop_process
+from tests.gateway.conftest import serve as serve
 from tests.gateway.conftest import serve_process as start_serve
 from tests.helpers import free_port
 
