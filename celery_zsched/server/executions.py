@@ -28,7 +28,7 @@ from .views import Execution, ExecutionPage
 router = APIRouter()
 #: Stream entries one call reads at most, and per round trip.
 SCAN_BUDGET, SCAN_PAGE = 20_000, 1000
-_STREAM_ID = re.compile(r"^(\d{1,20})-(\d{1,20})\Z")
+_STREAM_ID = re.compile(r"^([0-9]{1,20})-([0-9]{1,20})\Z")  # not \d: any Unicode digit
 #: A stream id is two unsigned 64-bit numbers.
 _U64 = 2**64
 

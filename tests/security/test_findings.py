@@ -44,7 +44,7 @@ URL = "https://example.org/"
 
 
 # ------------------------------------------------------------------ cursors
-@pytest.mark.parametrize("before", ["0-0", f"{2**64}-0", f"0-{2**64}", "1-" + "9" * 20,
+@pytest.mark.parametrize("before", ["0-0", f"{2**64}-0", f"0-{2**64}", "1-" + "9" * 20, "0-\u0661",
                                     "-1-0", "1-1-1", "x", "", "1", " 1-0"])
 def test_an_executions_cursor_redis_would_refuse_is_a_400_naming_before(
         serve: Callable[..., Served], before: str) -> None:
