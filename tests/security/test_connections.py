@@ -24,7 +24,7 @@ import pytest
 
 from celery_zsched.config import Settings
 from celery_zsched.server.edge import FD_RESERVE
-from tests.gateway.conftest import WORKER, WRITER, output_so_far
+from tests.gateway.conftest import READER, WORKER, WRITER, output_so_far
 from tests.helpers import wait
 
 from .conftest import Server
@@ -192,7 +192,7 @@ def _send_chunked(sock: socket.socket, head: bytes, total: int) -> tuple[int, by
     return sent, answer
 
 
-@pytest.mark.parametrize("token, status", [(None, b"401"), (WRITER, b"413")])
+@pytest.mark.parametrize("token, status", [(None, b"401"), (READER, b"403"), (WRITER, b"413")])
 def test_a_chunked_body_past_the_limit_or_the_token_is_cut_and_the_connection_closed(
         serve_process: Callable[..., Server], token: str | None, status: bytes) -> None:
     server = serve_process()
