@@ -113,6 +113,8 @@ class Server:
         env = {**keep, "PYTHONPATH": os.pathsep.join(paths),
                "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
                "ZSCHED_API_TOKENS": tokens, "ZSCHED_MAX_JITTER_S": "0",
+               # Any 32+ characters: every server of one benchmark signs leases alike.
+               "ZSCHED_GATEWAY_LEASE_SECRET": "benchmark-lease-secret-0123456789abcdef",
                "ZSCHED_EVENTS_MAXLEN": str(events_maxlen), **(env or {})}
         self.log_path = Path(logdir) / f"{name}.log"
         with open(self.log_path, "wb") as log:

@@ -11,7 +11,7 @@ from typing import Any
 from celery.schedules import crontab, schedule
 
 from .errors import ConfigurationError, ValidationError
-from .job import _ID_RE, Defaults, Job
+from .job import Defaults, Job, id_problem
 
 logger = logging.getLogger("celery_zsched")
 _OPTIONS = ("queue", "routing_key", "priority", "expires", "transport")
@@ -65,7 +65,7 @@ def static_job_id(name: str) -> str:
     a valid id gets ``beat-`` and the first 12 hex digits of SHA-1 of the name,
     so it stays the same from one start of beat to the next.
     """
-    if _ID_RE.match(name):
+    if id_problem(name) is None:
         return name
     return "beat-" + hashlib.sha1(name.encode("utf-8")).hexdigest()[:12]
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, ParamSpec, TextIO, TypeVar
+from typing import Any, NoReturn, ParamSpec, TextIO, TypeVar, cast
 
 import celery._state
 import click
@@ -171,12 +171,42 @@ def _iso(ms: int | None) -> str | None:
     return ms_to_dt(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+#: What a terminal acts on rather than shows: C0 controls but newline and tab, DEL,
+#: C1 controls (U+009B is CSI on its own), and the bidirectional and line-breaking
+#: format characters that reorder or split what is shown.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029"
+                              "\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with each character a terminal would act on written as its escape
+    (``\\x1b``, ``\\u202e``); newlines and tabs are kept."""
+    return _TERMINAL_UNSAFE.sub(
+        lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _on_tty(err: bool = False) -> bool:
+    """Whether the command's stdout (``err``: stderr) is a terminal."""
+    stream: TextIO = sys.stderr if err else sys.stdout  # click's runner swaps these too
+    return stream.isatty()
+
+
 def _echo(ctx: click.Context, message: str) -> None:
+    """Print a line of output. On a terminal, stored text (a worker's error, a note, a
+    URL) cannot clear the screen, recolour it or retitle the window: its control
+    characters are shown escaped. Piped or redirected output is left as it is."""
+    if _on_tty():
+        message = terminal_safe(message)
     obj = ctx.find_root().obj
     if obj is not None and hasattr(obj, "echo"):
         obj.echo(message)
     else:
         click.echo(message)
+
+
+def _warn(message: str) -> None:
+    """Print a line on stderr (progress, skipped rows), escaped as :func:`_echo` does."""
+    click.echo(terminal_safe(message) if _on_tty(err=True) else message, err=True)
 
 
 @click.group(name="zsched")
@@ -347,7 +377,7 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
         tenth = done * 10 // max(total, 1)
         if done != last[0] and (tenth > last[1] or done >= total):
             percent = 100 * done // total if total else 100
-            click.echo(f"{label}: {done}/{total} ({percent}%)", err=True)
+            _warn(f"{label}: {done}/{total} ({percent}%)")
             last[0], last[1] = done, tenth
     yield report
 
@@ -390,15 +420,15 @@ def import_(ctx: click.Context, path: str | None, fmt: str | None, skip_invalid:
                         skip_invalid=skip_invalid)
     parsed_s = time.perf_counter() - started
     for error in result.errors[:_MAX_LISTED]:
-        click.echo(f"skipped {error}", err=True)
+        _warn(f"skipped {error}")
     if len(result.errors) > _MAX_LISTED:
-        click.echo(f"... and {len(result.errors) - _MAX_LISTED} more", err=True)
+        _warn(f"... and {len(result.errors) - _MAX_LISTED} more")
     count = len(result.jobs)
     if dry_run:
         _echo(ctx, f"dry run: {count} valid job(s), {len(result.errors)} invalid job(s) "
                    f"in {parsed_s:.2f}s; nothing written")
         return
-    click.echo(f"validated {count} job(s) in {parsed_s:.2f}s", err=True)
+    _warn(f"validated {count} job(s) in {parsed_s:.2f}s")
     with _progress(count, f"storing {path}") as progress:
         report = store.upsert_many(result.jobs, stagger=True, total=count, progress=progress,
                                    by=import_actor(path))
@@ -428,7 +458,8 @@ def _import_from(ctx: click.Context, source: str, prefix: str | None, url: str |
 def _output(path: str) -> Iterator[TextIO]:
     """stdout for ``-``; else a temporary file that replaces ``path`` only on success."""
     if path == "-":
-        yield sys.stdout
+        # An export is data, but one shown on a terminal is text to read: escaped too.
+        yield cast("TextIO", _TerminalSafe(sys.stdout)) if _on_tty() else sys.stdout
         return
     target = Path(path)
     # click's atomic=True renames even after an error, so a failed export
@@ -443,6 +474,21 @@ def _output(path: str) -> Iterator[TextIO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+class _TerminalSafe:
+    """What :func:`~celery_zsched.importer.write_rows` writes to: :func:`terminal_safe`
+    text, to ``target``."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+
+    def write(self, text: str) -> int:
+        self._target.write(terminal_safe(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
 
 
 def _file_mode(path: Path) -> int:
@@ -471,8 +517,7 @@ def export(ctx: click.Context, path: str, fmt: str | None) -> None:
     with _output(path) as fp:
         count = write_rows(store.iter_jobs(), fp, fmt)
     where = "stdout" if path == "-" else path
-    click.echo(f"exported {count} job(s) to {where} in {time.perf_counter() - started:.2f}s",
-               err=True)
+    _warn(f"exported {count} job(s) to {where} in {time.perf_counter() - started:.2f}s")
 
 
 # -------------------------------------------------------------------- reads

@@ -142,6 +142,27 @@ class Settings:
     #: Execution lease of a job the gateway hands out: unreported (no complete,
     #: error or heartbeat) for this long, it comes back, as from a dead worker.
     gateway_lease_s: float = 60.0
+    #: Key of the gateway's lease tokens (an HMAC of job, occurrence and attempt):
+    #: the same on every server of a deployment, required once a worker token is set.
+    gateway_lease_secret: str = ""
+    #: The lease secret before the last rotation: still accepted for one lease period
+    #: after the server starts, so leases handed out before a rotation can be reported.
+    gateway_lease_secret_previous: str = ""
+    #: Most long-polls (``GET /jobs/next``) waiting at once; past it ``503`` with
+    #: Retry-After. 0: half of the connection cap.
+    gateway_max_polls: int = 0
+    #: Most open HTTP connections of ``zsched serve``; past it the oldest idle one
+    #: is closed, or the new one answered ``503``. 0: the process's soft fd limit
+    #: minus a reserve (store connections, files), so accept() never runs out of fds.
+    http_max_connections: int = 0
+    #: Seconds a connection may take to send a request's headers (from its opening,
+    #: or from the end of the previous answer); then it is closed.
+    http_header_timeout_s: float = 10.0
+    #: Longest pause, in seconds, between two reads of a request body; then the
+    #: connection is closed.
+    http_body_timeout_s: float = 30.0
+    #: Seconds an idle keep-alive connection is kept open after an answer.
+    http_keepalive_s: float = 5.0
     #: Signals the built-in notifiers report (comma-separated names; see the
     #: README's "Operating it: notifications").
     notify_events: str = ("job_retries_exhausted,job_dead_lettered,job_failing_streak,"
@@ -293,7 +314,8 @@ class Settings:
                     "default_interval_s",
                     "retry_base_s", "retry_cap_s", "max_deliveries", "events_maxlen",
                     "import_chunk", "partitions", "gateway_timeout_s", "gateway_lease_s",
-                    "tombstone_ttl_s")
+                    "tombstone_ttl_s", "http_header_timeout_s", "http_body_timeout_s",
+                    "http_keepalive_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(
@@ -301,8 +323,8 @@ class Settings:
                 )
         for name in ("max_jitter_s", "retry_max", "misfire_grace_s", "max_queued", "audit_maxlen",
                      "domain_delay_s", "domain_max_in_flight", "domain_decrease_s",
-                     "domain_start_margin_s",
-                     "breaker_min_requests"):
+                     "domain_start_margin_s", "breaker_min_requests", "gateway_max_polls",
+                     "http_max_connections"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"{SETTING_PREFIX}{name} must be >= 0, got {getattr(self, name)!r}"

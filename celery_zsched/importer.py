@@ -7,6 +7,7 @@ file goes in, or (with ``skip_invalid``) exactly the rows reported are left out.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import gc
@@ -14,10 +15,11 @@ import io
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from .audit import Actor, local_user
 from .errors import FileError, ImportValidationError, ValidationError
@@ -128,6 +130,50 @@ def text_rows(text: str, fmt: str) -> Iterator[Row]:
     raise ValidationError("format", fmt, f"must be one of {', '.join(FORMATS)}")
 
 
+def stream_rows(fp: IO[bytes], fmt: str, name: str) -> Iterator[Row]:
+    """The rows of a file open for reading in binary, as :func:`text_rows` reads them, without
+    ever holding the whole text: for bodies too large to hold several times (the REST
+    API's import). Its encoding is checked first, so a file that is not UTF-8 is refused
+    before its first row (:class:`FileError` naming ``name`` and the line)."""
+    if fmt not in FORMATS:
+        raise ValidationError("format", fmt, f"must be one of {', '.join(FORMATS)}")
+    _check_utf8(fp, name)
+    fp.seek(0)
+    # jsonl splits at "\n" only (JSON strings may hold a raw U+2028); csv and json
+    # see the text as it is, line ends included.
+    text = io.TextIOWrapper(fp, encoding="utf-8-sig", newline="\n" if fmt == "jsonl" else "")
+    try:
+        if fmt == "json":
+            yield from _json_stream(text.read)
+        elif fmt == "jsonl":
+            yield from _jsonl_lines(text)
+        else:
+            yield from _csv_lines(text)
+    finally:
+        text.detach()  # the caller's file stays open
+
+
+def _check_utf8(fp: IO[bytes], name: str) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines = offset = 0
+    for chunk in iter(lambda: fp.read(1 << 20), b""):
+        try:
+            decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            # exc.object: the bytes the decoder held back from the chunk before, then this one.
+            start = offset + len(chunk) - len(exc.object) + exc.start
+            line = lines + exc.object.count(b"\n", 0, exc.start) + 1
+            raise FileError("file", name, f"is not UTF-8 at line {line} (byte {start})",
+                            row=line) from exc
+        lines += chunk.count(b"\n")
+        offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise FileError("file", name, f"is not UTF-8 at line {lines + 1} (its end)",
+                        row=lines + 1) from exc
+
+
 def _read_text(path: Path, max_bytes: int) -> str:
     try:
         with open(path, "rb") as fp:
@@ -161,11 +207,12 @@ def _snippet(text: str, pos: int) -> str:
     return text[start:end if end >= 0 else len(text)].strip()[:_SNIPPET]
 
 
-def _malformed(exc: json.JSONDecodeError, text: str, line_offset: int = 0) -> FileError:
+def _malformed(exc: json.JSONDecodeError, text: str, line_offset: int = 0,
+               col_offset: int = 0) -> FileError:
     line = exc.lineno + line_offset
     return FileError(
         "file", _snippet(text, exc.pos),
-        f"malformed JSON at line {line}, column {exc.colno}: {exc.msg}", row=line)
+        f"malformed JSON at line {line}, column {exc.colno + col_offset}: {exc.msg}", row=line)
 
 
 def _undecodable(exc: RecursionError | ValueError, text: str, pos: int, line: int
@@ -217,50 +264,112 @@ def _skip_ws(text: str, pos: int) -> int:
     return match.end() if match else pos
 
 
+class _Window:
+    """A JSON array's text read a chunk at a time: the unread part of the text and
+    where it is (the line and column of its first character)."""
+
+    def __init__(self, read: Callable[[int], str]) -> None:
+        self.read, self.buf, self.pos, self.eof = read, "", 0, False
+        self.line, self.col = 1, 0
+
+    def more(self) -> bool:
+        """Read the next chunk (dropping what was parsed); ``False`` at the end."""
+        if self.eof or len(self.buf) - self.pos > _JSON_ELEMENT_MAX:
+            return False  # nothing more, or one element past any job's size
+        chunk = self.read(_JSON_CHUNK)
+        if not chunk:
+            self.eof = True
+            return False
+        done = self.buf[:self.pos]
+        newlines = done.count("\n")
+        self.line += newlines
+        self.col = len(done) - done.rfind("\n") - 1 if newlines else self.col + len(done)
+        self.buf, self.pos = self.buf[self.pos:] + chunk, 0
+        return True
+
+    def skip_ws(self) -> str:
+        """Skip whitespace; the character after it ("" at the end)."""
+        while True:
+            self.pos = _skip_ws(self.buf, self.pos)
+            if self.pos < len(self.buf) or not self.more():
+                return self.buf[self.pos:self.pos + 1]
+
+    def line_at(self, pos: int) -> int:
+        return self.line + self.buf.count("\n", 0, pos)
+
+    def value(self, decode: Callable[..., Any]) -> tuple[Any, int]:
+        """The JSON value here, and the line it starts on."""
+        while True:
+            line = self.line_at(self.pos)
+            try:
+                value, end = decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if self.more():
+                    continue  # it may only be cut at the chunk's end
+                raise self.malformed(exc) from exc
+            except (RecursionError, ValueError) as exc:
+                raise _undecodable(exc, self.buf, self.pos, line) from exc
+            if end == len(self.buf) and self.more():
+                continue  # a number may go on in the next chunk
+            self.pos = end
+            return value, line
+
+    def malformed(self, exc: json.JSONDecodeError) -> FileError:
+        return _malformed(exc, self.buf, self.line - 1,
+                          col_offset=self.col if exc.lineno == 1 else 0)
+
+
+#: Characters of a JSON array read at a time, and the largest element it holds
+#: whole (a job's JSON is far smaller: meta, args and kwargs are 1 MiB at most).
+_JSON_CHUNK, _JSON_ELEMENT_MAX = 1 << 20, 8 << 20
+
+
 def _json_rows(text: str) -> Iterator[Row]:
-    # One raw_decode per element rather than json.loads of the whole array:
-    # the C scanner stays fast, and we learn the line each object starts on.
+    return _json_stream(io.StringIO(text).read)
+
+
+def _json_stream(read: Callable[[int], str]) -> Iterator[Row]:
+    # One raw_decode per element rather than json.loads of the whole array: the C
+    # scanner stays fast, we learn the line each object starts on, and only a
+    # window of the text is ever held (a 64 MiB body is never one string).
     decode = json.JSONDecoder().raw_decode
-    ws = _skip_ws
-    end = len(text)
-    pos = ws(text, 0)
-    if text[pos:pos + 1] != "[":
-        line = 1 + text.count("\n", 0, pos)
-        value = _decode(json.loads, text, line=line)
+    text = _Window(read)
+    if text.skip_ws() != "[":
+        value, line = text.value(lambda s, pos: (json.loads(s[pos:]), len(s)))
         kind = "an object" if type(value) is dict else f"a JSON {_JSON_TYPE.get(type(value))}"
         raise FileError("file", _short(value),
                         f"must be a JSON array of objects, not {kind} (line {line})", row=line)
-    line, counted = 1, 0
-    pos = ws(text, pos + 1)
-    if text[pos:pos + 1] == "]":
-        pos += 1
+    text.pos += 1
+    if text.skip_ws() == "]":
+        text.pos += 1
     else:
         while True:
-            line += text.count("\n", counted, pos)
-            counted = pos
-            value, pos = _decode(decode, text, pos, line=line)
+            value, line = text.value(decode)
             if type(value) is not dict:
                 raise _not_an_object(value, line)
             yield Row(line, value, False)
-            pos = ws(text, pos)
-            sep = text[pos:pos + 1]
+            sep = text.skip_ws()
+            text.pos += 1
             if sep == ",":
-                pos = ws(text, pos + 1)
+                text.skip_ws()
             elif sep == "]":
-                pos += 1
                 break
             else:
                 what = "Expecting ',' delimiter" if sep else "Unterminated array"
-                raise _malformed(json.JSONDecodeError(what, text, pos), text)
-    pos = ws(text, pos)
-    if pos != end:
-        raise _malformed(json.JSONDecodeError("Extra data after the array", text, pos), text)
+                raise text.malformed(json.JSONDecodeError(what, text.buf, text.pos - 1))
+    if text.skip_ws():
+        raise text.malformed(json.JSONDecodeError("Extra data after the array", text.buf,
+                                                  text.pos))
 
 
 def _jsonl_rows(text: str) -> Iterator[Row]:
     # split("\n"), not splitlines(): JSON strings may hold a raw U+2028.
+    return _jsonl_lines(text.split("\n"))
+
+
+def _jsonl_lines(lines: Iterable[str]) -> Iterator[Row]:
     loads = json.loads
-    for line, raw in enumerate(text.split("\n"), 1):
+    for line, raw in enumerate(lines, 1):
         if not raw or raw.isspace():
             continue
         value = _decode(loads, raw, line=line, line_offset=line - 1)
@@ -270,7 +379,11 @@ def _jsonl_rows(text: str) -> Iterator[Row]:
 
 
 def _csv_rows(text: str) -> Iterator[Row]:
-    reader = csv.reader(io.StringIO(text, newline=""))
+    return _csv_lines(io.StringIO(text, newline=""))
+
+
+def _csv_lines(lines: Iterable[str]) -> Iterator[Row]:
+    reader = csv.reader(lines)
     try:
         header = next(reader, None)
         if header is None:
@@ -317,32 +430,83 @@ def parse_rows(rows: Iterable[Row], defaults: Defaults, *,
     it, the invalid rows (and later duplicates of an id) are left out and
     returned in ``errors``.
     """
-    from_dict = Job.from_dict
     jobs: list[Job] = []
     errors: list[ValidationError] = []
-    # id -> (position, line or None): the first job of each id, for duplicates.
-    # Not the row itself: rows must not all stay in memory next to the jobs.
-    first_job: dict[str, tuple[int, int | None]] = {}
     with _gc_paused():
-        for number, row in enumerate(rows, 1):
-            try:
-                job = from_dict(row.data, defaults)
-            except ValidationError as exc:
-                errors.append(exc.at_row(row.line, job=number, ref=_ref(row.data),
-                                         line_shown=row.line_shown))
-                continue
-            seen = first_job.get(job.id)
-            if seen is not None:
-                at = f" (line {seen[1]})" if seen[1] is not None else ""
-                errors.append(ValidationError(
-                    "id", job.id, f"duplicate id, first as job {seen[0]}{at}", row=row.line,
-                    job=number, ref=_ref(row.data), line_shown=row.line_shown))
-                continue
-            first_job[job.id] = (number, row.line if row.line_shown else None)
-            jobs.append(job)
+        for checked in _checked(rows, defaults):
+            if isinstance(checked, Job):
+                jobs.append(checked)
+            else:
+                errors.append(checked)
     if errors and not skip_invalid:
         raise ImportValidationError(errors)
     return ParseResult(jobs, errors)
+
+
+@dataclass
+class SpooledResult:
+    """Valid jobs written to a temporary file as their stored JSON, one a line (none of
+    them in memory), and the first errors with a count of them all. Close it."""
+
+    spool: IO[bytes]
+    count: int = 0
+    errors: list[ValidationError] = field(default_factory=list)
+    error_count: int = 0
+
+    def jobs(self) -> Iterator[Job]:
+        """The jobs, read back one at a time."""
+        self.spool.seek(0)
+        return (Job.from_json(line) for line in self.spool)
+
+    def close(self) -> None:
+        """Remove the temporary file."""
+        self.spool.close()
+
+
+def parse_rows_spooled(rows: Iterable[Row], defaults: Defaults, *,
+                       errors_kept: int = 100) -> SpooledResult:
+    """:func:`parse_rows` for a file too large to hold as jobs: the same checks, every
+    error counted and the first ``errors_kept`` kept, the valid jobs spooled to disk."""
+    result = SpooledResult(tempfile.TemporaryFile())  # noqa: SIM115 (closed by close())
+    try:
+        with _gc_paused():
+            for checked in _checked(rows, defaults):
+                if isinstance(checked, Job):
+                    # ASCII JSON (escaped), so one line each.
+                    result.spool.write(checked.to_json().encode() + b"\n")
+                    result.count += 1
+                else:
+                    result.error_count += 1
+                    if len(result.errors) < errors_kept:
+                        result.errors.append(checked)
+    except BaseException:
+        result.close()
+        raise
+    return result
+
+
+def _checked(rows: Iterable[Row], defaults: Defaults) -> Iterator[Job | ValidationError]:
+    """Each row as a job, or the error naming it (a later duplicate of an id is one)."""
+    from_dict = Job.from_dict
+    # id -> (position, line or None): the first job of each id, for duplicates.
+    # Not the row itself: rows must not all stay in memory next to the jobs.
+    first_job: dict[str, tuple[int, int | None]] = {}
+    for number, row in enumerate(rows, 1):
+        try:
+            job = from_dict(row.data, defaults)
+        except ValidationError as exc:
+            yield exc.at_row(row.line, job=number, ref=_ref(row.data),
+                             line_shown=row.line_shown)
+            continue
+        seen = first_job.get(job.id)
+        if seen is not None:
+            at = f" (line {seen[1]})" if seen[1] is not None else ""
+            yield ValidationError(
+                "id", job.id, f"duplicate id, first as job {seen[0]}{at}", row=row.line,
+                job=number, ref=_ref(row.data), line_shown=row.line_shown)
+            continue
+        first_job[job.id] = (number, row.line if row.line_shown else None)
+        yield job
 
 
 _REF_CHARS = 60

@@ -36,6 +36,25 @@ from .timing import (
 # \Z, not $: "$" also matches before a final newline, which let "job\n" pass.
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:@/\-]{1,200}\Z")
 _TIME_FIELDS = ("run_at", "start_at", "end_at")
+
+
+def id_problem(job_id: Any) -> str | None:
+    """Why ``job_id`` cannot be a job id, or ``None``.
+
+    Besides the characters: an id goes into URL paths (the REST API, the job
+    gateway, the admin), where clients and proxies rewrite ``.`` and ``..``
+    segments and merge ``//`` (``a/../b`` would name ``b``), and where a last
+    segment ``executions`` names the runs route. Such ids are refused.
+    """
+    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
+        return "must be 1-200 characters of A-Z a-z 0-9 _ . : @ / -"
+    segments = job_id.split("/")
+    if any(segment in ("", ".", "..") for segment in segments):
+        return ("must not start or end with /, hold //, or have a . or .. segment "
+                "(URL paths would rewrite it)")
+    if len(segments) > 1 and segments[-1] == "executions":
+        return "must not end in /executions (the REST API's route of a job's runs)"
+    return None
 #: Who may run a job: Celery workers (through beat) or HTTP workers (the gateway).
 TRANSPORTS = ("celery", "http")
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -320,8 +339,9 @@ def _identity(values: Mapping[str, Any], url: str | None,
         if url is None:
             raise ValidationError("id", None, "a job without a url needs an explicit id")
         job_id = job_id_for_url(url)
-    if not isinstance(job_id, str) or not _ID_RE.match(job_id):
-        raise ValidationError("id", job_id, "must be 1-200 characters of A-Z a-z 0-9 _ . : @ / -")
+    problem = id_problem(job_id)
+    if problem:
+        raise ValidationError("id", job_id, problem)
     task = values.get("task", defaults.task if url is not None else None)
     if not isinstance(task, str) or not task.strip():
         raise ValidationError("task", task, "a job without a url needs a task name")
@@ -353,8 +373,10 @@ def _timing(values: Mapping[str, Any], defaults: Defaults,
     if timing == ["run_at"]:
         return None, None
     cron = values["cron"]
-    problem = (_cron_problem(cron.strip(), day_rule) if isinstance(cron, str)
-               else "must be a string")
+    # The cheap checks first: croniter's parse of a 100 KB string takes a second.
+    problem = ("must be a string" if not isinstance(cron, str)
+               else f"must be at most {_MAX_LEN['cron']} characters"
+               if len(cron) > _MAX_LEN["cron"] else _cron_problem(cron.strip(), day_rule))
     if problem:
         raise ValidationError("cron", cron, problem)
     return None, " ".join(cron.split())
@@ -368,9 +390,6 @@ def _check_serialisable(job: Job) -> None:
             problem = _json_problem(value)
             if problem:
                 raise ValidationError(name, value, problem)
-    # The cron text was checked by croniter (in _timing); only its length is left.
-    if job.cron is not None and len(job.cron) > _MAX_LEN["cron"]:
-        raise ValidationError("cron", job.cron, f"must be at most {_MAX_LEN['cron']} characters")
 
 
 def _json_problem(value: Any) -> str | None:

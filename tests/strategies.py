@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from celery_zsched.job import Job
+from celery_zsched.job import Job, id_problem
 
 #: The core fields of a job (``id``, ``task``, ``url`` ... ``day_rule``).
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Job))
@@ -168,7 +168,10 @@ GOOD: dict[str, st.SearchStrategy[Any]] = {
 }
 _IDENTITY = st.one_of(
     st.builds(lambda i, t: {"id": i, "task": t},
-              st.from_regex(r"[A-Za-z0-9_.:@/-]{1,30}", fullmatch=True),
+              # Valid ids: no segment a URL path would rewrite (".", "..", "", a last
+              # "executions"); PER_FIELD's ids may be anything.
+              st.from_regex(r"[A-Za-z0-9_.:@/-]{1,30}", fullmatch=True).filter(
+                  lambda i: id_problem(i) is None),
               st.sampled_from(["tasks.scrape", "t"])),
     st.builds(lambda host, path: {"url": f"https://{host}/{path}"},
               st.sampled_from(["example.com", "127.0.0.1:8000", "[::1]:8080", "xn--bcher-kva.ch"]),

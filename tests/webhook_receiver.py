@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import threading
 import time
@@ -12,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from celery_zsched.notify import verify as notify_verify
 
 #: A receiver refuses requests whose timestamp is further off than this.
 TOLERANCE_S = 300
@@ -31,14 +31,8 @@ class Post:
 
 
 def verify(secret: str, headers: dict[str, str], raw: bytes) -> bool:
-    """What a receiver does: recompute the HMAC of ``timestamp.body``, compare in
-    constant time, and refuse a stale timestamp (a replay)."""
-    timestamp = headers.get("X-Zsched-Timestamp", "")
-    given = headers.get("X-Zsched-Signature", "")
-    expected = "sha256=" + hmac.new(secret.encode(), timestamp.encode() + b"." + raw,
-                                    hashlib.sha256).hexdigest()
-    fresh = timestamp.isdigit() and abs(time.time() - int(timestamp)) < TOLERANCE_S
-    return fresh and hmac.compare_digest(given, expected)
+    """What a receiver does: the package's own :func:`celery_zsched.notify.verify`."""
+    return notify_verify(secret, headers, raw, tolerance_s=TOLERANCE_S)
 
 
 class Receiver:

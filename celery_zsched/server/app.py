@@ -16,6 +16,7 @@ from ..store import Store
 from . import gateway, handlers, imports, jobs
 from .auth import Tokens, require
 from .dispatcher import Dispatcher
+from .edge import BodyGuard, limits_for
 from .lease import LeaseSigner
 from .openapi import document
 from .writer import JobWriter, StoreWriter
@@ -55,15 +56,18 @@ def create_app(store: Store, *, sender: Any = None, writer: JobWriter | None = N
     async def openapi() -> JSONResponse:
         return JSONResponse(document(app))
     app.state.store = store
+    app.state.limits = limits = limits_for(settings)
     app.state.writer = writer or StoreWriter(store)
     app.state.tokens = Tokens(api_token_scopes(settings.api_tokens))
     app.state.gateway = gateway.Gateway(
         store=store, dispatcher=dispatcher,
-        signer=LeaseSigner.for_settings(store.base.prefix, settings.api_tokens),
-        timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s, sender=sender)
+        signer=LeaseSigner.for_settings(settings, store.base.prefix),
+        timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s, sender=sender,
+        max_polls=limits.max_polls)
     app.include_router(gateway.router)
     app.include_router(imports.router)
     app.include_router(jobs.router)
 
     handlers.install(app)
+    app.add_middleware(BodyGuard)
     return app

@@ -49,9 +49,8 @@ class Tokens:
     def check(self, authorization: str | None, needed: str | None) -> str:
         """The scope of an ``Authorization`` header that grants ``needed`` (``None``: any
         known token will do); else a Problem."""
-        scheme, _, token = (authorization or "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = bearer_token(authorization)
+        if token is None:
             raise Problem(401, "unauthorized", "send Authorization: Bearer <token>",
                           headers={"WWW-Authenticate": "Bearer"})
         scope = self.scope_of(token)
@@ -63,6 +62,14 @@ class Tokens:
         return scope
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, however it is spelled (the
+    scheme in any case, spaces around the token); ``None`` if it holds none."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def require(needed: str | None) -> Callable[[Request], Awaitable[str]]:
     """A FastAPI dependency: the request's token must grant ``needed`` (``None``: any scope)."""
     async def dependency(request: Request) -> str:
@@ -71,8 +78,13 @@ def require(needed: str | None) -> Callable[[Request], Awaitable[str]]:
     return dependency
 
 
+def token_identity(request: Request) -> str:
+    """Who the request's token is: the hex SHA-256 of the token itself, the same for
+    every spelling of its header (Idempotency-Key scopes, audit names)."""
+    return _digest(bearer_token(request.headers.get("authorization")) or "").hex()
+
+
 def token_fingerprint(request: Request) -> str:
     """A name for the request's token that does not reveal it: 12 hex digits of its
     SHA-256 (what the audit trail records as who made an API change)."""
-    _, _, token = request.headers.get("authorization", "").partition(" ")
-    return _digest(token.strip()).hex()[:12]
+    return token_identity(request)[:12]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 
-from .problems import Problem, bad_field
+from .problems import Problem, bad_field, bad_fields
 
 #: Largest request body: a report is a token, two times and an error text.
 MAX_BODY = 4096
@@ -60,15 +61,19 @@ class ErrorReport(CompleteReport):
 async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The request body; ``413`` as soon as it passes ``limit`` bytes (never read whole)."""
     declared = request.headers.get("content-length", "")
-    too_large = Problem(413, "body too large", f"this request's body is at most {limit} bytes")
     if declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise too_large(limit)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise too_large
+            raise too_large(limit)
     return bytes(body)
+
+
+def too_large(limit: int) -> Problem:
+    """``413``: the body passed ``limit`` bytes (the server stops reading, and closes)."""
+    return Problem(413, "body too large", f"this request's body is at most {limit} bytes")
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -92,7 +97,16 @@ async def read_model(request: Request, model: type[M]) -> M:
 
 
 def pydantic_problem(exc: PydanticError, prefix: tuple[str | int, ...] = ()) -> Problem:
-    """``400`` naming the first field pydantic refused."""
-    first = exc.errors()[0]
-    loc = [str(part) for part in (*prefix, *first.get("loc", ())) if part != "body"]
-    return bad_field(".".join(loc) or "body", str(first.get("msg", "invalid")))
+    """``400`` naming every field pydantic refused (the first as ``field``)."""
+    return bad_fields(pydantic_fields(exc.errors(), prefix))
+
+
+def pydantic_fields(errors: Sequence[Any], prefix: tuple[str | int, ...] = (),
+                    skip: tuple[str, ...] = ("body",)) -> list[tuple[str, str]]:
+    """(field, message) of each of pydantic's ``errors``, the field dotted and without
+    the ``skip`` parts of its location."""
+    found: list[tuple[str, str]] = []
+    for error in errors:
+        loc = [str(part) for part in (*prefix, *error.get("loc", ())) if part not in skip]
+        found.append((".".join(loc) or "body", str(error.get("msg", "invalid"))))
+    return found or [("body", "invalid")]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import signals
-from ..errors import StoreUnavailable
+from ..errors import StoreUnavailable, redis_unavailable
 from ..results import Claimed
 from ..store import Store
 
@@ -36,6 +37,8 @@ T = TypeVar("T")
 
 #: Most jobs one claim takes for one queue filter.
 CLAIM_MAX = 1000
+#: Most due jobs per partition a wake-up looks at to pick the filters worth a claim.
+PEEK_MAX = 1000
 #: How often the server reaps expired leases (HTTP jobs come back after theirs
 #: even when no beat runs).
 REAP_EVERY_S = 1.0
@@ -73,6 +76,54 @@ class _Line:
         return sum(1 for w in self.waiters if not w.closed)
 
 
+@dataclass(frozen=True)
+class DueQueues:
+    """The HTTP jobs due now, counted per queue field (``None``: no queue)."""
+
+    now_ms: int
+    total: int
+    by_queue: dict[str | None, int]
+    #: The first HTTP job due after now, if any.
+    next_due_ms: int | None
+
+    def serves(self, queue: str) -> bool:
+        """A claim for filter ``queue`` ("" = any) may find a job."""
+        return bool(self.total if queue == "" else self.by_queue.get(queue))
+
+
+def due_http_queues(store: Store, most: int = PEEK_MAX) -> DueQueues | None:
+    """What :class:`DueQueues` says, read from every partition; ``None`` when more than
+    ``most`` jobs are due in one (a backlog: then every filter is worth a claim)."""
+    with redis_unavailable():
+        now = store.now_ms()
+        pipe = store.client.pipeline(transaction=False)
+        for keys in store.parts:
+            pipe.zrangebyscore(keys.http_schedule, "-inf", now, start=0, num=most + 1)
+            pipe.zrangebyscore(keys.http_schedule, f"({now}", "+inf", start=0, num=1,
+                               withscores=True)
+        replies = pipe.execute()
+        due_ids = replies[0::2]
+        if any(len(ids) > most for ids in due_ids):
+            return None
+        upcoming = [int(pairs[0][1]) for pairs in replies[1::2] if pairs]
+        pipe = store.client.pipeline(transaction=False)
+        for keys, ids in zip(store.parts, due_ids, strict=True):
+            if ids:
+                pipe.hmget(keys.defs, ids)
+        definitions = [raw for found in pipe.execute() for raw in found]
+    by_queue: dict[str | None, int] = {}
+    for raw in definitions:
+        if raw is None:
+            continue  # deleted meanwhile: a claim drops it
+        try:
+            queue = json.loads(raw).get("queue")
+        except (ValueError, AttributeError):
+            queue = None
+        by_queue[queue] = by_queue.get(queue, 0) + 1
+    return DueQueues(now_ms=now, total=sum(by_queue.values()), by_queue=by_queue,
+                     next_due_ms=min(upcoming) if upcoming else None)
+
+
 class Dispatcher:
     """Hands due HTTP jobs to long-polls; see the module docstring."""
 
@@ -93,6 +144,8 @@ class Dispatcher:
         self._stop_listener = threading.Event()
         #: Jobs released because their poller was gone (for tests and logs).
         self.released = 0
+        #: Long-polls waiting now (entered, not yet withdrawn).
+        self.polls = 0
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -143,6 +196,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         waiter = Waiter(queue, loop.create_future())
         self.lines.setdefault(queue, _Line()).waiters.append(waiter)
+        self.polls += 1
         self._poke.set()
         return waiter
 
@@ -152,6 +206,8 @@ class Dispatcher:
         After this the dispatcher never hands ``waiter`` anything: the caller
         owns the job returned, and must answer with it or :meth:`give_back` it.
         """
+        if not waiter.closed:
+            self.polls -= 1
         waiter.closed = True
         line = self.lines.get(waiter.queue)
         if line is not None:
@@ -209,8 +265,21 @@ class Dispatcher:
                 await self._sleep(wake_in)
 
     async def _claim_round(self, wanted: dict[str, int]) -> float | None:
-        """Claim for each filter and hand out; seconds until the next job falls due."""
+        """Claim for each filter that has due jobs, and hand out; seconds until the next
+        job falls due."""
         soonest: float | None = None
+        if len(wanted) > 1:
+            # One look at what is due, then a claim only for the filters it can serve:
+            # a claim per waiting filter would make each wake-up cost the due jobs
+            # times the filters (300 distinct ?queue= polls, 300 claims).
+            due = await asyncio.to_thread(due_http_queues, self.store)
+            if due is not None:
+                wanted = {queue: count for queue, count in wanted.items()
+                          if due.serves(queue)}
+                # Named queues first: a poll of any queue must not take their jobs.
+                wanted = dict(sorted(wanted.items(), key=lambda item: item[0] == ""))
+                if due.next_due_ms is not None:
+                    soonest = max(0.0, (due.next_due_ms - due.now_ms) / 1000)
         for queue, count in wanted.items():
             limit = min(count, self.claim_max)
             batch = await asyncio.to_thread(self.store.claim_http, limit, queue)

@@ -28,7 +28,19 @@ from .views import Execution, ExecutionPage
 router = APIRouter()
 #: Stream entries one call reads at most, and per round trip.
 SCAN_BUDGET, SCAN_PAGE = 20_000, 1000
-_STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}\Z")
+_STREAM_ID = re.compile(r"^([0-9]{1,20})-([0-9]{1,20})\Z")  # not \d: any Unicode digit
+#: A stream id is two unsigned 64-bit numbers.
+_U64 = 2**64
+
+
+def valid_cursor(before: str) -> bool:
+    """``before`` is a stream id Redis can read before: two 64-bit parts, not ``0-0``
+    (Redis refuses an exclusive bound below its smallest id, and no cursor is it)."""
+    match = _STREAM_ID.match(before)
+    if match is None:
+        return False
+    ms, seq = int(match[1]), int(match[2])
+    return ms < _U64 and seq < _U64 and (ms, seq) != (0, 0)
 
 
 def _execution(stream_id: str, fields: dict[str, str]) -> Execution:
@@ -81,7 +93,7 @@ async def list_executions(
     """Newest first: when, occurrence and attempt, outcome, error, and the timings (due,
     published, started, wait and lateness). A deleted job's runs are still listed."""
     store: Store = request.app.state.store
-    if before is not None and not _STREAM_ID.match(before):
+    if before is not None and not valid_cursor(before):
         raise bad_field("before", "must be a next_cursor this endpoint gave")
     items, cursor = await asyncio.to_thread(scan, store, job_id, limit, before)
     if not items and before is None and cursor is None:

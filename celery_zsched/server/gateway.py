@@ -33,6 +33,8 @@ logger = logging.getLogger("celery_zsched.server")
 router = APIRouter(tags=["gateway"], dependencies=[Depends(require("worker"))])
 #: Retry-After of a 503 while the server shuts down (another one will answer).
 SHUTDOWN_RETRY_S = 5
+#: Retry-After of a 503 when as many long-polls wait as the server takes.
+POLLS_RETRY_S = 1
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Gateway:
     lease_s: float
     #: Sends the signals of each settle (the Celery app, as a worker does).
     sender: Any = None
+    #: Most long-polls waiting at once (``zsched_gateway_max_polls``); past it ``503``.
+    max_polls: int = 1 << 30
 
     def job_body(self, claimed: Claimed) -> dict[str, Any]:
         """What a worker gets: the job, and the lease it echoes back."""
@@ -113,6 +117,12 @@ async def next_job(
     wait = gateway.timeout_s if timeout is None else min(timeout, gateway.timeout_s)
     if wait <= 0:
         return await _take_now(gateway, queue)
+    if dispatcher.polls >= gateway.max_polls:
+        # Long-polls hold their connections: bounded apart, they never crowd out
+        # the connections of reports and the management API.
+        raise Problem(503, "too many polls", f"{dispatcher.polls} long-polls are waiting, as "
+                      "many as this server takes; retry, or poll another server",
+                      headers={"Retry-After": str(POLLS_RETRY_S)})
     try:
         waiter = dispatcher.enter(queue)
     except (ShuttingDown, StoreDown) as exc:

@@ -9,7 +9,8 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..errors import StoreUnavailable
-from .problems import Problem
+from .bodies import pydantic_fields
+from .problems import Problem, bad_fields
 
 #: Retry-After of a 503 when a report or heartbeat found Redis unreachable.
 STORE_RETRY_S = 2
@@ -47,11 +48,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body")]
-        return Problem(400, "invalid request",
-                       f"{'.'.join(loc) or 'request'}: {first.get('msg', 'invalid')}",
-                       field=".".join(loc) or "request").response()
+        # Every bad parameter at once, each named (?limit=0&fires=-1: both).
+        found = [("request" if f == "body" else f, m) for f, m in pydantic_fields(
+            exc.errors(), skip=("query", "path", "body", "header"))]
+        return bad_fields(found).response()
 
     @app.exception_handler(StoreUnavailable)
     async def unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import redis_unavailable
 from ..store import Store
+from .auth import token_identity
 from .problems import Problem
 
 #: How long a first answer is kept for retries (a day, as Stripe keeps them).
@@ -69,9 +70,10 @@ async def once(request: Request, store: Store, body: bytes,
         raise Problem(400, "invalid request",
                       f"Idempotency-Key: must be 1 to {MAX_KEY} printable characters",
                       field="Idempotency-Key")
-    authorization = request.headers.get("authorization", "")
+    # Scoped to the token itself, not to its header's spelling ("bearer", two spaces):
+    # the same client retrying must get its first answer back.
     redis_key = store.base.idempotency(
-        _digest(authorization, request.method, request.url.path, key))
+        _digest(token_identity(request), request.method, request.url.path, key))
     fingerprint = _digest(request.url.query, body)
     claimed, raw = await asyncio.to_thread(_claim, store, redis_key, fingerprint)
     if not claimed:

@@ -6,23 +6,30 @@ one bad row refuses the whole file (``400``, every bad row named by its job
 number, line and field), so nothing is ever half-imported. New jobs' first runs
 spread over each job's interval; jobs that exist are updated without moving
 their schedules unless their timing changed.
+
+Memory stays within a small multiple of the body whatever its size and shape: the
+body is spooled to a temporary file as it arrives (hashed on the way, for the
+Idempotency-Key), read back a chunk at a time, and each valid job spooled to another
+temporary file as its stored JSON, which the write streams to the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+import hashlib
+import tempfile
+from typing import IO, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..audit import Actor
 from ..errors import ImportValidationError, ValidationError
-from ..importer import FORMATS, decode_text, parse_rows, text_rows
+from ..importer import FORMATS, parse_rows_spooled, stream_rows
 from ..store import Store
 from . import idempotency
 from .auth import require
-from .bodies import read_body
+from .bodies import too_large
 from .jobs import actor_of, store_of, writer_of
 from .problems import Problem, bad_field, invalid_job
 from .views import ImportResult
@@ -48,23 +55,56 @@ def _format(request: Request, given: str | None) -> str:
     return _MEDIA[media]
 
 
-def _rejected(exc: ImportValidationError) -> Problem:
-    errors = [{"job": e.job, "line": e.row if e.line_shown else None, "ref": e.ref,
+#: Body bytes held in memory before the spool moves to a temporary file.
+SPOOL_MEMORY = 1 << 20
+
+
+def _rejected(errors: list[ValidationError], count: int) -> Problem:
+    listed = [{"job": e.job, "line": e.row if e.line_shown else None, "ref": e.ref,
                "field": e.field, "message": e.message, "error": str(e)}
-              for e in exc.errors[:MAX_ERRORS_LISTED]]
-    first = exc.errors[0]
+              for e in errors[:MAX_ERRORS_LISTED]]
+    first = errors[0]
     return Problem(400, "invalid import",
-                   f"{len(exc.errors)} invalid job(s), nothing was written; first: {first}",
-                   field=first.field, errors=errors, error_count=len(exc.errors))
+                   f"{count} invalid job(s), nothing was written; first: {first}",
+                   field=first.field, errors=listed, error_count=count)
 
 
-def _import(store: Store, writer: JobWriter, raw: bytes, fmt: str, dry_run: bool,
+async def spool_body(request: Request, limit: int) -> tuple[IO[bytes], bytes]:
+    """The body in a temporary file (in memory up to :data:`SPOOL_MEMORY`), and its
+    SHA-256; ``413`` as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY)  # noqa: SIM115 (returned)
+    digest, size = hashlib.sha256(), 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            spool.write(chunk)
+            digest.update(chunk)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool, digest.digest()
+
+
+def _import(store: Store, writer: JobWriter, body: IO[bytes], fmt: str, dry_run: bool,
             by: Actor) -> ImportResult:
-    result = parse_rows(text_rows(decode_text(raw, "body"), fmt), store.defaults)
-    if dry_run:
-        return ImportResult(total=len(result.jobs), created=0, updated=0, rescheduled=0,
-                            dry_run=True, seconds=0.0)
-    report = writer.import_jobs(result.jobs, by, "bulk import (REST API)")
+    result = parse_rows_spooled(stream_rows(body, fmt, "body"), store.defaults,
+                                errors_kept=MAX_ERRORS_LISTED)
+    try:
+        if result.errors:
+            raise _rejected(result.errors, result.error_count)
+        if dry_run:
+            return ImportResult(total=result.count, created=0, updated=0, rescheduled=0,
+                                dry_run=True, seconds=0.0)
+        report = writer.import_jobs(result.jobs(), by, "bulk import (REST API)",
+                                    total=result.count)
+    finally:
+        result.close()
     return ImportResult(total=report.total, created=report.created, updated=report.updated,
                         rescheduled=report.rescheduled, dry_run=False,
                         seconds=round(report.seconds, 3))
@@ -88,15 +128,19 @@ async def import_jobs(
     ``Idempotency-Key``: a retried import is not run twice."""
     fmt = _format(request, format)
     store = store_of(request)
-    raw = await read_body(request, MAX_IMPORT_BYTES)
+    body, digest = await spool_body(request, MAX_IMPORT_BYTES)
 
     async def act() -> Response:
         try:
-            result = await asyncio.to_thread(_import, store, writer_of(request), raw, fmt,
+            result = await asyncio.to_thread(_import, store, writer_of(request), body, fmt,
                                              dry_run, actor_of(request))
-        except ImportValidationError as exc:
-            raise _rejected(exc) from None
+        except ImportValidationError as exc:  # a writer's own check (Django's)
+            raise _rejected(exc.errors, len(exc.errors)) from None
         except ValidationError as exc:  # the file as a whole (FileError), or the format
             raise invalid_job(exc) from None
         return JSONResponse(result.model_dump())
-    return await idempotency.once(request, store, raw, act)
+    try:
+        # The body's digest stands for it: the retry of a 64 MiB import is not kept.
+        return await idempotency.once(request, store, digest, act)
+    finally:
+        body.close()

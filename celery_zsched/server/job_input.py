@@ -75,16 +75,51 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
         "application/json": {"schema": model.model_json_schema()}}}}
 
 
-def new_job(data: dict[str, Any], defaults: Defaults) -> Job:
-    """A create's body as a job; ``400`` naming the field."""
+#: Most fields one answer names.
+MAX_FIELD_ERRORS = 30
+#: Values that stand in for a refused field that other checks depend on: a job
+#: without a url needs an id and a task, so dropping a bad url would add errors.
+_STAND_INS = {"url": "https://example.invalid/", "id": "x", "task": "x"}
+
+
+def _validated(data: dict[str, Any], defaults: Defaults) -> Job:
+    """``data`` as a job; ``400`` naming every bad field, not only the first.
+
+    :meth:`Job.from_dict` stops at the first error, and stays that fast for imports.
+    Only once it has failed, the refused field is set aside (or replaced by a
+    stand-in that other checks need) and the rest validated again, until it passes.
+    """
     try:
         return Job.from_dict(data, defaults)
-    except ValidationError as exc:
-        raise invalid_job(exc) from None
+    except ValidationError as first:
+        errors, rest = [first], dict(data)
+        while len(errors) < MAX_FIELD_ERRORS:
+            field = errors[-1].field
+            if field in _STAND_INS and rest.get(field) != _STAND_INS[field]:
+                rest[field] = _STAND_INS[field]
+            elif field in rest and field not in _STAND_INS:
+                del rest[field]
+            else:
+                break
+            try:
+                Job.from_dict(rest, defaults)
+            except ValidationError as exc:
+                if any(e.field == exc.field for e in errors):
+                    break  # a stand-in's own complaint: nothing new to say
+                errors.append(exc)
+            else:
+                break
+        raise invalid_job(first, errors[1:]) from None
+
+
+def new_job(data: dict[str, Any], defaults: Defaults) -> Job:
+    """A create's body as a job; ``400`` naming every bad field."""
+    return _validated(data, defaults)
 
 
 def edited_job(current: Job, patch: dict[str, Any], defaults: Defaults) -> Job:
-    """``current`` with ``patch``'s fields replaced (not ``status``); ``400`` naming the field."""
+    """``current`` with ``patch``'s fields replaced (not ``status``); ``400`` naming every
+    bad field."""
     if "id" in patch and patch["id"] != current.id:
         raise bad_field("id", "cannot change; create a new job and delete this one")
     fields = {k: v for k, v in patch.items() if k != "status"}
@@ -99,10 +134,7 @@ def edited_job(current: Job, patch: dict[str, Any], defaults: Defaults) -> Job:
     if len(timing) == 1:
         for other in {"interval_s", "cron", "run_at"} - set(timing):
             merged.pop(other, None)
-    try:
-        return Job.from_dict(merged, defaults)
-    except ValidationError as exc:
-        raise invalid_job(exc) from None
+    return _validated(merged, defaults)
 
 
 def status_of(patch: dict[str, Any]) -> str | None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..audit import Actor
 from ..errors import JobNotFound, ValidationError
+from ..job import Defaults, Job
 from ..results import JobInfo
 from ..store import Store
 from . import executions, idempotency
@@ -148,13 +150,24 @@ async def create_job(request: Request) -> Response:
     body = await read_body(request, MAX_JOB_BODY)
 
     async def act() -> Response:
-        job = new_job(json_object(body), store.defaults)
+        # Parsing and validating (croniter, IDNA) is CPU work: off the event loop.
+        job = await asyncio.to_thread(_parsed_new, body, store.defaults)
         if not await _write(writer_of(request).create, job, actor_of(request)):
             raise Problem(409, "conflict", f"a job with id {job.id!r} exists; PATCH it",
                           field="id")
         created = await view(store, job.id)
-        return _answer(created, 201, Location=f"/v1/jobs/{job.id}")
+        return _answer(created, 201, Location=job_path(job.id))
     return await idempotency.once(request, store, body, act)
+
+
+def _parsed_new(body: bytes, defaults: Defaults) -> Job:
+    return new_job(json_object(body), defaults)
+
+
+def job_path(job_id: str) -> str:
+    """The path of ``job_id``'s resource, the id percent-encoded (``/`` as ``%2F``), so
+    no client or proxy that rewrites paths can make it name another job."""
+    return "/v1/jobs/" + quote(job_id, safe=":@")
 
 
 @router.get("/jobs", dependencies=READ, response_model=JobPage, summary="List jobs")
@@ -214,7 +227,7 @@ async def edit_job(job_id: JobId, request: Request) -> Response:
     (the ETag of a read), the edit applies only to that definition, else ``412``;
     without it, the fields given are merged into whatever is stored at the time."""
     store = store_of(request)
-    patch = json_object(await read_body(request, MAX_JOB_BODY))
+    patch = await asyncio.to_thread(json_object, await read_body(request, MAX_JOB_BODY))
     status = status_of(patch)
     if_match = request.headers.get("if-match")
     fields = {k: v for k, v in patch.items() if k != "status"}
@@ -228,7 +241,7 @@ async def edit_job(job_id: JobId, request: Request) -> Response:
         if static:
             raise Problem(409, "conflict", "this job comes from beat_schedule: edit it there "
                                            "(only status may change here)", field="id")
-        job = edited_job(info.job, fields, store.defaults)
+        job = await asyncio.to_thread(edited_job, info.job, fields, store.defaults)
         if await _write(writer_of(request).replace, job, info.tag, by):
             break
         if if_match is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -38,7 +39,27 @@ def bad_field(field: str, detail: str) -> Problem:
     return Problem(400, "invalid request", f"{field}: {detail}", field=field)
 
 
-def invalid_job(exc: ValidationError) -> Problem:
-    """``400`` for a definition :meth:`Job.from_dict` refused: the field, and the row if any."""
+def bad_fields(found: Sequence[tuple[str, str]]) -> Problem:
+    """``400`` naming every bad field of a request: ``found`` is (field, message) pairs.
+
+    ``field`` and ``detail`` are the first one's (as :func:`bad_field`); ``errors``
+    lists them all, each ``{"field", "message"}``, so a client fixes them in one go.
+    """
+    field, message = found[0]
+    problem = bad_field(field, message)
+    problem.extra.update(errors=[{"field": f, "message": m} for f, m in found],
+                         error_count=len(found))
+    return problem
+
+
+def invalid_job(exc: ValidationError, others: Sequence[ValidationError] = ()) -> Problem:
+    """``400`` for a definition :meth:`Job.from_dict` refused: the field, and the row if any.
+
+    ``others``: the errors of the definition's other fields; ``errors`` lists ``exc``
+    and them, each ``{"field", "message", "error"}``.
+    """
     extra: dict[str, Any] = {"row": exc.row} if exc.row is not None else {}
+    everything = [exc, *others]
+    extra.update(errors=[{"field": e.field, "message": e.message, "error": str(e)}
+                         for e in everything], error_count=len(everything))
     return Problem(400, "invalid job", str(exc), field=exc.field, **extra)

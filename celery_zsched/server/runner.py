@@ -13,11 +13,14 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from ..store import Store
 from .app import create_app
+from .edge import BACKLOG, Limits, guarded_protocol
 from .writer import JobWriter
 
+logger = logging.getLogger("celery_zsched.server")
 #: Longest uvicorn waits for requests in flight at shutdown.
 GRACEFUL_S = 10
 
@@ -58,7 +61,22 @@ def serve(store: Store, host: str, port: int, *, log_level: str = "info",
     """
     _log_events(log_level)
     app = create_app(store, sender=sender, writer=writer)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=GRACEFUL_S, lifespan="on",
-                            access_log=False)
+    config = server_config(app, host, port, log_level=log_level)
     _Server(config, app.state.gateway.dispatcher.begin_shutdown_threadsafe).run()
+
+
+def server_config(app: FastAPI, host: str, port: int, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration of ``app`` (made by :func:`create_app`): its guarded
+    protocol (connection cap, header and body timeouts) and keep-alive timeout."""
+    limits: Limits = app.state.limits
+    logger.info("zsched serve: at most %d connections and %d long-polls; header timeout "
+                "%gs, body timeout %gs, keep-alive %gs", limits.max_connections,
+                limits.max_polls, limits.header_timeout_s, limits.body_timeout_s,
+                limits.keepalive_s)
+    values: dict[str, Any] = {"timeout_graceful_shutdown": GRACEFUL_S, "lifespan": "on",
+                              "access_log": False, **options}
+    # uvicorn's keep-alive timeout takes whole seconds in its signature, but only
+    # hands the value to call_later: a fraction works.
+    return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(limits),
+                          backlog=BACKLOG, timeout_keep_alive=limits.keepalive_s,  # type: ignore[arg-type]
+                          **values)

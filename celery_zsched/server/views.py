@@ -123,7 +123,9 @@ class ProblemDetail(BaseModel):
     detail: str | None = None
     field: str | None = None
     errors: list[dict[str, Any]] | None = Field(
-        default=None, description="Imports: every bad row (job number, line, field, message).")
+        default=None, description="Every bad field of a body or query (field, message), "
+                                  "or of an import every bad row (job number, line, field, "
+                                  "message); field and detail are the first's.")
     error_count: int | None = None
 
 

@@ -12,7 +12,7 @@ state operations (pause, resume, run now) are the store's.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Literal, Protocol
 
 from ..audit import Actor
@@ -38,8 +38,10 @@ class JobWriter(Protocol):
     def set_paused(self, job_id: str, paused: bool, by: Actor) -> bool:
         """Pause or resume a job; ``False`` if there is none."""
 
-    def import_jobs(self, jobs: Sequence[Job], by: Actor, note: str) -> ImportReport:
-        """Store validated jobs, staggered: new ones are created, existing ones updated."""
+    def import_jobs(self, jobs: Iterable[Job], by: Actor, note: str, *,
+                    total: int) -> ImportReport:
+        """Store ``total`` validated jobs (taken one at a time), staggered: new ones are
+        created, existing ones updated."""
 
 
 class StoreWriter:
@@ -68,8 +70,9 @@ class StoreWriter:
             return False
         return True
 
-    def import_jobs(self, jobs: Sequence[Job], by: Actor, note: str) -> ImportReport:
-        return self.store.upsert_many(jobs, stagger=True, total=len(jobs), by=by, note=note)
+    def import_jobs(self, jobs: Iterable[Job], by: Actor, note: str, *,
+                    total: int) -> ImportReport:
+        return self.store.upsert_many(jobs, stagger=True, total=total, by=by, note=note)
 
 
 #: ``zsched serve --writer``: ``auto`` is Django's models when the app is installed.

@@ -28,6 +28,7 @@ from celery_zsched.contrib.django.sync import reconcile
 from celery_zsched.job import Job
 from celery_zsched.store import Store
 from tests.gateway.conftest import (  # noqa: F401  (serve: a fixture)
+    LEASE_SECRET,
     REPO,
     TOKENS,
     WRITER,
@@ -48,6 +49,7 @@ WRITER_NAME = f"token {hashlib.sha256(WRITER.encode()).hexdigest()[:12]}"
 @pytest.fixture
 def api(serve: Callable[..., Served], settings: Any) -> Served:  # noqa: F811
     settings.CELERY_ZSCHED_API_TOKENS = TOKENS
+    settings.CELERY_ZSCHED_GATEWAY_LEASE_SECRET = LEASE_SECRET
     conf.reset()
     return serve(store=conf.get_store(), writer=ModelWriter())
 

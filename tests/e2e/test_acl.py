@@ -40,7 +40,8 @@ def allowed_commands(rule: list[str]) -> set[str]:
 def test_the_rule_grants_every_command_the_scripts_call() -> None:
     rule = readme_rule()
     assert rule[:4] == ["ACL", "SETUSER", "zsched", "on"]
-    assert "~{zsched*" in rule and "-@all" in rule and "resetkeys" in rule
+    assert "~{zsched}:*" in rule and "-@all" in rule and "resetkeys" in rule
+    assert not any(word.endswith("{zsched*") for word in rule), "a neighbour prefix's keys"
     called = {name.upper() for path in LUA.glob("*.lua")
               for name in re.findall(r"redis\.p?call\(\s*['\"](\w+)['\"]", path.read_text())}
     assert called, "no redis.call found: the pattern is out of date"
@@ -59,6 +60,40 @@ def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
             assert admin.execute_command(*rule) == "OK"
             admin.execute_command("ACL", "LOG", "RESET")
         yield server, server.url(user=rule[2], password=password)
+
+
+def assert_confined(server: RedisServer, url: str) -> None:
+    """The README user reaches the store's keys and channels, in its database, and
+    nothing of a neighbour prefix or another database, not even through a script."""
+    with redis.Redis.from_url(url, decode_responses=True) as user:
+        for key in ("{zsched}:defs", "{zsched:0}:defs", "{zsched:7}:x", "{zsched:12}:x",
+                    "{zsched:999}:x"):
+            assert user.set(key, "1") and user.delete(key) == 1
+        assert user.publish("{zsched:3}:http_wake", "1") == 0
+        for key in ("{zschedXYZ}:defs", "{zsched-other}:defs", "{zsched:x}:defs",
+                    "{zsched:07}:defs", "{zsched:1000}:defs", "{zsched}", "zsched:defs"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                user.set(key, "1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.publish("{zschedXYZ}:http_wake", "1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.execute_command("SELECT", "3")
+        with pytest.raises(redis.exceptions.ResponseError, match="can't run this command"):
+            user.eval("redis.call('select', 3); return redis.call('set', KEYS[1], 1)", 1,
+                      "{zsched}:x")
+    # A URL naming another database fails at connecting (its SELECT is refused).
+    other_db = url.rsplit("/", 1)[0] + "/3"
+    with redis.Redis.from_url(other_db) as user, \
+            pytest.raises(redis.exceptions.NoPermissionError):
+        user.ping()
+    with server.admin(db=3) as admin:
+        assert admin.dbsize() == 0, "a script of the user wrote to database 3"
+
+
+def test_the_rule_grants_the_prefix_in_one_database_and_refuses_neighbours(
+        acl_redis: tuple[RedisServer, str]) -> None:
+    server, url = acl_redis
+    assert_confined(server, url)
 
 
 def refusals(server: RedisServer) -> list[dict[str, object]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import TOKENS, WORKER
+from tests.gateway.conftest import LEASE_SECRET, TOKENS, WORKER
 from tests.helpers import free_port, wait
 
 from .conftest import Deployment, TargetServer
@@ -24,7 +24,7 @@ WORKER_JS = Path(__file__).resolve().parents[1] / "gateway" / "worker.mjs"
 
 def test_celery_jobs_and_http_jobs_each_reach_only_their_own_workers(
         deploy: Callable[..., Deployment], target: TargetServer) -> None:
-    d = deploy(api_tokens=TOKENS, gateway_timeout_s=5)
+    d = deploy(api_tokens=TOKENS, gateway_lease_secret=LEASE_SECRET, gateway_timeout_s=5)
     celery_paths = ["/ok/c1", "/ok/c2"]
     http_paths = ["/ok/h1", "/ok/h2"]
     jobs = [d.job(url=target.url(p), interval_s=1, jitter_s=0) for p in celery_paths]

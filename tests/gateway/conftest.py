@@ -9,6 +9,7 @@ the Node.js worker) start one with :func:`serve_process`.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from celery_zsched.config import Settings
 from celery_zsched.job import Job
 from celery_zsched.server.app import create_app
 from celery_zsched.server.dispatcher import Dispatcher
+from celery_zsched.server.runner import server_config
 from celery_zsched.server.writer import JobWriter
 from celery_zsched.store import Store
 from tests.helpers import free_port, wait
@@ -34,6 +36,8 @@ WORKER = "worker-token-0123456789"
 READER = "reader-token-0123456789"
 WRITER = "writer-token-0123456789"
 TOKENS = f"{WORKER}:worker,{READER}:read,{WRITER}:write"
+#: zsched_gateway_lease_secret of every test server (required with a worker token).
+LEASE_SECRET = "test-lease-secret-0123456789abcdefghij"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -76,15 +80,17 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
               writer: JobWriter | None = None, **overrides: Any) -> Served:
         """``store`` given: served as it is (its settings hold the tokens); ``writer``
         takes the management API's changes (default: the store)."""
-        values = {"api_tokens": TOKENS, "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0,
-                  "max_jitter_s": 0.0, **overrides}
+        values = {"api_tokens": TOKENS, "gateway_lease_secret": LEASE_SECRET,
+                  "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0, "max_jitter_s": 0.0,
+                  **overrides}
         if store is None:
             store = (Store.from_settings(Settings(redis_url=redis_url, **values)) if redis_url
                      else make_store(**values))
         app = create_app(store, writer=writer)
         port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                lifespan="on", timeout_graceful_shutdown=5)
+        # The server's own configuration (its guarded protocol), as zsched serve's.
+        config = server_config(app, "127.0.0.1", port, log_level="warning",
+                               timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -125,22 +131,30 @@ def _output(proc: subprocess.Popen[str]) -> str:
 
 def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warning",
                   *, django_settings: str | None = None, args: Sequence[str] = (),
-                  **settings: Any) -> subprocess.Popen[str]:
+                  fd_limit: int | None = None, **settings: Any) -> subprocess.Popen[str]:
     """``celery -A tests.cli_app zsched serve`` in a process of its own; waits until it answers.
 
     Without Django unless ``django_settings`` names a settings module: pytest-django
     exports the test suite's, which would make the server write Django models.
+    ``fd_limit``: the process's RLIMIT_NOFILE (soft and hard), as ``ulimit -n`` sets it.
     """
     env = {**os.environ, "ZSCHED_REDIS_URL": redis_url, "ZSCHED_KEY_PREFIX": prefix,
-           "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_MAX_JITTER_S": "0"}
+           "ZSCHED_API_TOKENS": TOKENS, "ZSCHED_GATEWAY_LEASE_SECRET": LEASE_SECRET,
+           "ZSCHED_MAX_JITTER_S": "0"}
     env.update({f"ZSCHED_{name.upper()}": str(value) for name, value in settings.items()})
     env.pop("DJANGO_SETTINGS_MODULE", None)
     if django_settings:
         env["DJANGO_SETTINGS_MODULE"] = django_settings
+
+    def limit_fds() -> None:
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.cli_app", "zsched", "serve",
          "--port", str(port), "--log-level", log_level, *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=limit_fds if fd_limit is not None else None)
     _drain(proc)
 
     def answers() -> bool:
@@ -154,6 +168,11 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
 
     wait(answers, 20, "zsched serve to answer", interval=0.1)
     return proc
+
+
+def output_so_far(proc: subprocess.Popen[str]) -> str:
+    """What a serve process has printed so far (it keeps running)."""
+    return "".join(_OUTPUT[proc.pid][1])
 
 
 def stop_process(proc: subprocess.Popen[str], timeout: float = 15) -> str:

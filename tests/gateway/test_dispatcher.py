@@ -14,7 +14,7 @@ from celery_zsched.errors import ConfigurationError
 from celery_zsched.server.dispatcher import Dispatcher, ShuttingDown
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
-from tests.gateway.conftest import TOKENS, http_job
+from tests.gateway.conftest import LEASE_SECRET, TOKENS, http_job
 
 
 def test_a_job_claimed_for_a_poll_that_left_meanwhile_goes_back(
@@ -58,7 +58,8 @@ def test_shutting_down_answers_waiting_polls_and_refuses_new_ones(
 
 @pytest.fixture
 def prefix(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    yield from cli_prefix(redis_url, monkeypatch, "serve", api_tokens=TOKENS)
+    yield from cli_prefix(redis_url, monkeypatch, "serve", api_tokens=TOKENS,
+                          gateway_lease_secret=LEASE_SECRET)
 
 
 def test_zsched_serve_refuses_a_port_in_use_in_one_line(prefix: str) -> None:

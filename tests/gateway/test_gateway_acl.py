@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_acl import PLACEHOLDER, readme_rule, refusals
+from tests.e2e.test_acl import PLACEHOLDER, assert_confined, readme_rule, refusals
 from tests.gateway.conftest import WRITER, Served, http_job
 from tests.servers import RedisServer, running
 
@@ -38,6 +38,7 @@ def test_the_gateway_needs_no_more_than_the_readme_acl_rule(
         assert retry.status_code == 204
         served.store.run_now("acl")
     assert refusals(server) == []
+    assert_confined(server, url)  # and the same user can reach nothing else
 
 
 def test_the_rest_api_needs_no_more_than_the_readme_acl_rule(

@@ -31,7 +31,6 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from celery_zsched.audit import check_note
 from celery_zsched.errors import JobNotFound, StoreUnavailable, ValidationError
 from celery_zsched.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
@@ -149,7 +148,10 @@ class ZSchedChangeList(ChangeList):
         """``descending`` when next run is the first sort column, else ``None``."""
         columns = self.get_ordering_field_columns()
         first = next(iter(columns.items()), None)
-        if first is None or self.list_display[first[0]] != "next_run":
+        # ?o= is the user's: an index past the columns sorts by nothing, as Django's own
+        # ordering ignores it.
+        if first is None or not 0 <= first[0] < len(self.list_display) \
+                or self.list_display[first[0]] != "next_run":
             return None
         return first[1] == "desc"
 
@@ -543,7 +545,7 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
                       queryset: QuerySet[ZSchedJob]) -> bool:
         """Apply ``operation`` and report it as an admin message; False on failure."""
         try:
-            note = check_note(request_note(request))
+            note = request_note(request)
         except ValueError as exc:
             self.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
             return False
@@ -623,7 +625,9 @@ class ZSchedRunAdmin(RunColumns, admin.ModelAdmin):  # type: ignore[type-arg, mi
     list_display = ("finished", "job_name", "status_badge", "scheduled", "wait", "lateness",
                     "duration", "short_error")
     list_filter = ("status",)
-    search_fields = ("job_id", "task_id")
+    # job_id is the foreign key's column: a job id matches exactly (icontains is no
+    # lookup of a foreign key, and any search crashed with it); a task id in part.
+    search_fields = ("job_id__exact", "task_id")
     date_hierarchy = "finished_at"
     list_per_page = 100
     # The job's name: one outer join in the page's query (runs of jobs without

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import IntegrityError, close_old_connections, connections, router, transaction
@@ -137,12 +137,14 @@ class ModelWriter:
             result = apply_operation("pause" if paused else "resume", rows, by=by)
             return bool(result.rows) or self._redis().set_paused(job_id, paused, by)
 
-    def import_jobs(self, jobs: Sequence[Job], by: Actor, note: str) -> ImportReport:
+    def import_jobs(self, jobs: Iterable[Job], by: Actor, note: str, *,
+                    total: int) -> ImportReport:
         """``zsched_import --update``: rows in one transaction, then Redis, staggered.
 
         ``updated`` counts every id that existed, changed or not, as the store's
-        import does.
+        import does. The jobs are all held (one transaction writes them).
         """
+        jobs = list(jobs)
         started = time.perf_counter()
         for attempt in range(IMPORT_ROUNDS):
             summary = ImportSummary(rows=len(jobs), valid=len(jobs))

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from celery_zsched import audit
-from celery_zsched.audit import Actor, Change
+from celery_zsched.audit import Actor, Change, check_note
 from celery_zsched.errors import StoreUnavailable
 from celery_zsched.store import Store
 
@@ -59,8 +59,10 @@ def current() -> tuple[Actor, str]:
 
 
 def request_note(request: HttpRequest) -> str:
-    """The note the admin user typed with an action or a button ("" if none)."""
-    return str(request.POST.get("note", "")).strip()
+    """The note the admin user typed with an action or a button ("" if none); raises
+    :class:`~celery_zsched.errors.ValidationError` (field ``note``) when it is too long,
+    for the view to show as an error message, before anything changes."""
+    return check_note(str(request.POST.get("note", "")))
 
 
 def admin_actor(request: HttpRequest) -> Actor:

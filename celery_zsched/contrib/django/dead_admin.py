@@ -26,7 +26,7 @@ from django.urls import URLPattern, path, reverse
 
 from celery_zsched import dead
 from celery_zsched.dead import DeadLetter
-from celery_zsched.errors import StoreUnavailable
+from celery_zsched.errors import StoreUnavailable, ValidationError
 
 from . import outbox
 from .audit import admin_actor, request_note
@@ -109,10 +109,10 @@ class DeadLetterAdminViews:
             return
         method, past, columns = ACTIONS[action]
         try:
+            note = request_note(request)
             # Redis first: if it is down nothing changes, the database included.
-            changed = getattr(get_store(), method)(*ids, by=admin_actor(request),
-                                                    note=request_note(request))
-        except StoreUnavailable as exc:
+            changed = getattr(get_store(), method)(*ids, by=admin_actor(request), note=note)
+        except (StoreUnavailable, ValidationError) as exc:
             messages.error(request, f"Nothing changed: {exc}")
             return
         # The rows follow (enabled), recorded in the outbox like every change of a
