@@ -133,7 +133,7 @@ def test_every_writer_leaves_its_change_in_the_outbox_when_redis_is_down(
             call_command("zsched_import", "--file", str(data), "--update",
                          stdout=io.StringIO(), stderr=io.StringIO())
         with pytest.raises(Exception, match="Redis unreachable"):
-            writer.import_jobs([job(9, interval_s=15)], api, "api import")
+            writer.import_jobs([job(9, interval_s=15)], api, "api import", total=1)
     pending = set(ZSchedOutbox.objects.values_list("job_id", flat=True))
     assert pending == {rows[0].job_id, rows[1].job_id, rows[2].job_id, rows[3].job_id,
                        rows[4].job_id, paused.job_id, rows[5].job_id, rows[6].job_id,
