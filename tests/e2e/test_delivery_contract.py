@@ -179,7 +179,7 @@ def test_outage_of_ten_leases_keeps_one_message_per_job_kills_none_and_runs_each
 
 # ------------------------------------------------------------------ crash loop
 CRASH_JOBS = 500 if SOAK else 100
-CRASH_KILLS = 50 if SOAK else 8
+CRASH_KILLS = 50 if SOAK else 5
 CRASH_INTERVAL_S = 125.0 if SOAK else 20.0
 #: Each run of a crash-loop job keeps the target busy this long, so kills land mid-run.
 CRASH_TASK_S = 0.5

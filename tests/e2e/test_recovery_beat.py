@@ -32,7 +32,7 @@ from .observe import SOAK, report, settles, states, wait_all, wait_ready
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
 
 JOBS = 2000 if SOAK else 300
-KILLS = 50 if SOAK else 5
+KILLS = 50 if SOAK else 3
 #: "400 jobs every 5-10 s" of the report: each job's interval is drawn from this.
 INTERVALS_S = (5.0, 10.0)
 #: How long each incarnation of the killed beat lives before it dies mid-claim.

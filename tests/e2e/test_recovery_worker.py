@@ -45,7 +45,7 @@ from .targets import Arrival, PacedTarget
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
 
 JOBS = 500 if SOAK else 120
-KILLS = 50 if SOAK else 6
+KILLS = 50 if SOAK else 4
 INTERVAL_S = 90.0 if SOAK else 20.0
 CONCURRENCY = 8 if SOAK else 4
 #: Each request is held this long at the target, so kills land on running tasks.
