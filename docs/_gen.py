@@ -158,7 +158,8 @@ def gen_settings(_arg: str, page: str) -> str:
         names.update(f.name for f in dataclasses.fields(cls))
         if title:
             out += ["", f"{title}:", ""]
-        out += [_generated_from(module, name), "| setting | env | default | meaning |", "|---|---|---|---|"]
+        out += [_generated_from(module, name),
+                "| setting | env | default | meaning |", "|---|---|---|---|"]
         out += settings_rows(cls, page)
     _check_notes("settings", names)
     return "\n".join(out)
@@ -167,7 +168,8 @@ def gen_settings(_arg: str, page: str) -> str:
 # ----------------------------------------------------------------------- cli
 def gen_cli(_arg: str, _page: str) -> str:
     module, name = SOURCES["cli"]
-    return "\n".join([_generated_from(module, name), "::: mkdocs-click", f"    :module: {module}", f"    :command: {name}",
+    return "\n".join([_generated_from(module, name), "::: mkdocs-click",
+                      f"    :module: {module}", f"    :command: {name}",
                       "    :prog_name: celery -A proj zsched", "    :style: table",
                       "    :list_subcommands: true", "    :depth: 2"])
 
