@@ -196,7 +196,9 @@ def key_entries() -> Iterator[tuple[str, str, str, str]]:
         else:
             continue
         kind = _KIND.match(doc)
-        yield attr, key, _KEY_KINDS[kind.group(1)] if kind else "", doc
+        if kind and doc[kind.end():].startswith((":", ", on the base prefix:")):
+            doc = doc[kind.end():].lstrip(":, ")  # the type has a column of its own
+        yield attr, key, _KEY_KINDS[kind.group(1)] if kind else "", doc.replace("->", "→")
 
 
 def gen_keys(_arg: str, page: str) -> str:
