@@ -18,9 +18,9 @@ from celery_zsched.connection import parse_sentinel_url, redis_client, ssl_kwarg
 from celery_zsched.errors import ConfigurationError, StoreUnavailable, redis_unavailable
 from celery_zsched.job import Job
 from celery_zsched.store import Store
+from tests.docs_pages import page
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-#: The settings this module covers (each must be in the README's reference table).
+#: The settings this module covers (each must be in the configuration reference's table).
 CONNECTION_SETTINGS = ("sentinel_master", "sentinel_username", "sentinel_password", "redis_ssl",
                        "redis_ssl_ca_certs", "redis_ssl_certfile", "redis_ssl_keyfile",
                        "redis_ssl_cert_reqs")
@@ -233,14 +233,14 @@ def test_failover_errors_are_store_unavailable(error: Exception) -> None:
         raise error
 
 
-# ------------------------------------------------------------------ the README
+# -------------------------------------------------------------- the documentation
 def test_readme_documents_every_connection_setting() -> None:
-    readme = README.read_text("utf-8")
+    reference = page("reference/configuration.md")
     for name in CONNECTION_SETTINGS:
         assert name in Settings.names()
-        row = re.search(rf"^\| `zsched_{name}` \| `ZSCHED_{name.upper()}` \|", readme, re.M)
-        assert row, f"zsched_{name} is not in the README's configuration reference"
-    assert "## Sentinel, TLS and ACL" in readme
+        row = re.search(rf"^\| `zsched_{name}` \| `ZSCHED_{name.upper()}` \|", reference, re.M)
+        assert row, f"zsched_{name} is not in the configuration reference"
+    assert "# Sentinel, TLS and ACL" in page("how-to/connections.md")
 
 
 def test_a_master_that_may_not_write_is_an_outage_not_an_error(

@@ -7,7 +7,6 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from celery_zsched.config import Settings
 from celery_zsched.errors import ConfigurationError
 from celery_zsched.notify import DeliveryFailed, Message, Notifier, Webhook
 from celery_zsched.store import Store
+from tests.docs_pages import page
 from tests.notify_helpers import (
     MakeApp,
     claim_one,
@@ -319,13 +319,13 @@ def test_no_notifier_is_installed_unless_a_setting_switches_one_on(
 
 
 def test_the_readme_documents_every_notify_setting_and_signal() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    reference = page("reference/configuration.md")
     for name in Settings.names():
         if name.startswith("notify_"):
-            assert f"| `zsched_{name}` | `ZSCHED_{name.upper()}` |" in readme, name
-    section = readme.split("## Operating it: notifications", 1)[1].split("\n## ", 1)[0]
+            assert f"| `zsched_{name}` | `ZSCHED_{name.upper()}` |" in reference, name
+    notifications = page("how-to/notifications.md")
     for name in signals.SIGNALS:
-        assert f"| `{name}` |" in section, name
+        assert f"| `{name}` |" in notifications, name
 
 
 def test_a_forked_child_starts_its_own_sender_thread(store: Store,

@@ -1,5 +1,6 @@
-"""Every test the README's Guarantees table names exists: a renamed or deleted test
-fails here, not silently in the documentation."""
+"""Every test the Guarantees table names exists (docs/explanation/guarantees.md,
+once the README's): a renamed or deleted test fails here, not silently in the
+documentation."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ import ast
 import re
 from pathlib import Path
 
+from tests.docs_pages import page
+
 TESTS = Path(__file__).resolve().parent
-README = TESTS.parent / "README.md"
 # `file.py::name`, or `…::name` for another test of the file named before it.
 _REF = re.compile(r"`((?:[\w/]+\.py)|…)::(\w+)")
 
 
 def _guarantees() -> str:
-    text = README.read_text()
-    start = text.index("## Guarantees")
-    return text[start:text.index("\n## ", start + 1)]
+    text = page("explanation/guarantees.md")
+    start = text.index("# Guarantees")
+    return text[start:]
 
 
 def _functions(path: Path) -> set[str]:

@@ -6,13 +6,13 @@ import json
 import re
 from dataclasses import fields
 from importlib import resources
-from pathlib import Path
 
 import redis
 
 from celery_zsched.job import Job
 from celery_zsched.state import RuntimeState
 from celery_zsched.store import Store
+from tests.docs_pages import page
 
 
 def test_every_key_the_scripts_write_is_a_named_field() -> None:
@@ -69,9 +69,10 @@ def test_the_compact_encoding_saves_memory_per_job(rclient: redis.Redis) -> None
     assert per_job >= 80
 
 
-def test_the_readme_documents_every_state_field_by_name() -> None:
-    """The README's Redis layout lists each field with its wire key."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+def test_the_redis_layout_page_documents_every_state_field_by_name() -> None:
+    """The Redis layout page (generated from ``RuntimeState``) lists each field with its
+    wire key."""
+    layout = page("reference/redis-layout.md")
     missing = [name for name, wire, _doc in RuntimeState.describe()
-               if f"| `{name}` | `{wire}` |" not in readme]
+               if f"| `{name}` | `{wire}` |" not in layout]
     assert missing == []

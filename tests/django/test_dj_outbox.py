@@ -375,6 +375,7 @@ OUTBOX_SETTINGS = {"outbox_interval_s": 1.0, "outbox_backoff_max_s": 2.0,
 def test_the_outbox_settings_have_defaults_env_overrides_and_a_readme_row(
         settings: Any) -> None:
     from celery_zsched.config import Settings
+    from tests.docs_pages import page
 
     defaults = conf.DjangoSettings.from_django(env={})
     assert {name: getattr(defaults, name) for name in OUTBOX_SETTINGS} == OUTBOX_SETTINGS
@@ -387,10 +388,10 @@ def test_the_outbox_settings_have_defaults_env_overrides_and_a_readme_row(
             conf.DjangoSettings.from_django(env={f"ZSCHED_{name.upper()}": str(bad)})
     # Beat shares the CELERY_ZSCHED_* namespace: it accepts them and leaves them alone.
     assert Settings.from_mapping({"zsched_outbox_warn_s": 1}, env={}).tombstone_ttl_s == 86_400
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
+    reference = page("reference/configuration.md")
     for name, default in [*OUTBOX_SETTINGS.items(), ("tombstone_ttl_s", 86_400)]:
         assert (f"| `zsched_{name}` | `ZSCHED_{name.upper()}` | `{default:g}` |"
-                in readme), name
+                in reference), name
 
 
 @pytest.mark.django_db(transaction=True)

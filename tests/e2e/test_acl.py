@@ -1,5 +1,6 @@
-"""The README's minimal ACL rule: beat, a worker, the CLI and the store's maintenance run
-as that user, Redis refuses none of their commands, and it refuses anything else."""
+"""The documented minimal ACL rule (docs/how-to/connections.md, once the README's):
+beat, a worker, the CLI and the store's maintenance run as that user, Redis refuses
+none of their commands, and it refuses anything else."""
 
 from __future__ import annotations
 
@@ -15,20 +16,23 @@ import redis
 
 from celery_zsched.config import Settings
 from celery_zsched.store import Store
+from tests.docs_pages import page, pages
 from tests.servers import RedisServer, running
 
 from .conftest import CELERY, REPO_ROOT, Deployment, TargetServer
 from .names import APP_MODULE
 
-README = REPO_ROOT / "README.md"
+ACL_PAGE = "how-to/connections.md"
 LUA = REPO_ROOT / "celery_zsched" / "lua"
 PLACEHOLDER = "CHANGE-ME"
 
 
 def readme_rule() -> list[str]:
-    """The words of the README's ``ACL SETUSER`` line (the only one in the README)."""
-    rules: list[str] = re.findall(r"^ACL SETUSER .*$", README.read_text("utf-8"), re.M)
+    """The words of the documented ``ACL SETUSER`` line (the only one in the docs)."""
+    rules: list[str] = [rule for text in pages().values()
+                        for rule in re.findall(r"^ACL SETUSER .*$", text, re.M)]
     assert len(rules) == 1, rules
+    assert rules[0] in page(ACL_PAGE), f"the rule is expected in docs/{ACL_PAGE}"
     return rules[0].split()
 
 
@@ -50,7 +54,7 @@ def test_the_rule_grants_every_command_the_scripts_call() -> None:
 
 @pytest.fixture
 def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
-    """A throwaway server with the README's user; yields it and that user's URL."""
+    """A throwaway server with the documented user; yields it and that user's URL."""
     password = secrets.token_hex(8)
     rule = readme_rule()
     assert ">" + PLACEHOLDER in rule

@@ -1,11 +1,12 @@
-"""The README's REST API curl session runs, as pasted, against a real ``zsched serve``.
+"""The REST API curl session of the docs (docs/how-to/rest-api.md, once the README's)
+runs, as pasted, against a real ``zsched serve``.
 
 The block after the ``rest-api-session`` marker is run with bash; only its
 ``API=``, ``TOKEN=`` and ``WORKER=`` lines are replaced (this server's address
 and tokens). Every answer the session prints ends in ``  → <status>``; the
-README shows each answer, abbreviated, in the comment lines after its command,
-ending in the same arrow. The statuses must be the README's, in order, and so
-must every ``"key":value`` the README shows, with two allowances for what
+page shows each answer, abbreviated, in the comment lines after its command,
+ending in the same arrow. The statuses must be the page's, in order, and so
+must every ``"key":value`` the page shows, with two allowances for what
 differs from run to run: a string value abbreviated with ``…`` only has to be
 there, and a value of ten or more digits (a time, a stream id) only has to have
 the same shape (each run of digits stands for any run of digits).
@@ -20,31 +21,32 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import REPO, WORKER, WRITER, serve_process, stop_process
+from tests.docs_pages import page
+from tests.gateway.conftest import WORKER, WRITER, serve_process, stop_process
 from tests.helpers import free_port
 from tests.servers import RedisServer, running
 
-README = REPO / "README.md"
+SESSION_PAGE = "how-to/rest-api.md"
 MARKER = "<!-- rest-api-session:"
 ARROW = re.compile(r"  → (\d{3})\n")
 SHOWN_STATUS = re.compile(r"→ (\d{3})\s*$")
 FRAGMENT = re.compile(r'"(\w+)":("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|true|false|null)')
-#: The session's variables this test sets, and the README's must be there to set.
+#: The session's variables this test sets, and the page's must be there to set.
 VARIABLES = ("API", "TOKEN", "WORKER")
 
 
 @dataclass(frozen=True)
 class Shown:
-    """One answer as the README shows it: the abbreviated text and the status."""
+    """One answer as the page shows it: the abbreviated text and the status."""
 
     text: str
     status: int
 
 
-def session_block(readme: str) -> str:
+def session_block(text: str) -> str:
     """The fenced bash block right after the marker (there is exactly one marker)."""
-    assert readme.count(MARKER) == 1, f"expected one {MARKER!r} in README.md"
-    after = readme.split(MARKER, 1)[1].split("\n", 1)[1]
+    assert text.count(MARKER) == 1, f"expected one {MARKER!r} in docs/{SESSION_PAGE}"
+    after = text.split(MARKER, 1)[1].split("\n", 1)[1]
     assert after.startswith("```bash\n"), "the marker must be right above a ```bash block"
     return after[len("```bash\n"):].split("\n```", 1)[0] + "\n"
 
@@ -95,15 +97,15 @@ def fragment_pattern(key: str, value: str) -> re.Pattern[str]:
 
 
 def mismatches(shown: list[Shown], printed: list[tuple[str, int]]) -> list[str]:
-    """Where the printed answers differ from the README's (empty: they agree)."""
+    """Where the printed answers differ from the page's (empty: they agree)."""
     if [s.status for s in shown] != [status for _, status in printed]:
-        return [f"statuses: README {[s.status for s in shown]}, "
+        return [f"statuses: page {[s.status for s in shown]}, "
                 f"server {[status for _, status in printed]}"]
     problems = []
     for n, (want, (body, _)) in enumerate(zip(shown, printed, strict=True), 1):
         for key, value in FRAGMENT.findall(want.text):
             if not fragment_pattern(key, value).search(body):
-                problems.append(f"answer {n}: README shows \"{key}\":{value}; server: {body}")
+                problems.append(f"answer {n}: the page shows \"{key}\":{value}; server: {body}")
     return problems
 
 
@@ -118,14 +120,14 @@ def test_the_checker_catches_a_wrong_status_a_wrong_value_and_a_missing_key() ->
 
 
 def test_the_readme_shows_an_answer_for_every_call_it_makes() -> None:
-    block = session_block(README.read_text("utf-8"))
+    block = session_block(page(SESSION_PAGE))
     calls = len(re.findall(r"^\s*(?:api |curl -s -w )", block, re.M))
     assert len(shown_answers(block)) == calls >= 10
 
 
 @pytest.mark.slow
 def test_the_readme_curl_session_gets_the_statuses_and_values_it_shows(tmp_path: Path) -> None:
-    block = session_block(README.read_text("utf-8"))
+    block = session_block(page(SESSION_PAGE))
     shown = shown_answers(block)
     port = free_port()
     with running(RedisServer(tmp_path / "redis")) as (redis_server,):

@@ -1,5 +1,5 @@
-"""The job gateway runs as the README's minimal ACL user: Redis refuses none of its
-commands (its claims, reports, reaps, wake-ups and their subscription)."""
+"""The job gateway runs as the documented minimal ACL user (docs/how-to/connections.md):
+Redis refuses none of its commands (its claims, reports, reaps, wake-ups and their subscription)."""
 
 from __future__ import annotations
 
