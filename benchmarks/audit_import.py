@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench import RedisServer, _redis_cpu_s
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 MiB = 1024 * 1024

@@ -436,13 +436,13 @@ class CeleryFleet:
 def import_jobs(cfg: Cfg, n: int, stagger: bool, tag: str) -> dict[str, Any]:
     """Validate ``n`` rows with ``Job.from_dict``, then store them with ``upsert_many``.
 
-    As ``celery_zsched.importer`` does it: every row is validated (with the
+    As ``celery_zsched.core.formats`` does it: every row is validated (with the
     garbage collector paused) before anything is written, then one
     ``upsert_many`` stores the list. Making the rows is not timed: it stands
     for reading the file.
     """
     from celery_zsched.config import Settings
-    from celery_zsched.job import Defaults, Job
+    from celery_zsched.core.job import Defaults, Job
     from celery_zsched.store import Store
 
     settings = Settings(redis_url=cfg.store_url, key_prefix=STORE_PREFIX,
@@ -486,7 +486,7 @@ class BeatHarness:
     """A real ``ZSchedScheduler`` in this process, driven tick by tick."""
 
     def __init__(self, cfg: Cfg, store_port: int) -> None:
-        from celery_zsched.scheduler import ZSchedScheduler
+        from celery_zsched.beat.scheduler import ZSchedScheduler
 
         self.cfg = cfg
         self.store_port = store_port

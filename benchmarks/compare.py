@@ -10,7 +10,7 @@ Usage::
 Each scheduler is used the way its own documentation says:
 
 * **zsched**: jobs validated with ``Job.from_dict`` and stored with
-  ``Store.upsert_many`` (what ``celery_zsched.importer`` does); beat is
+  ``Store.upsert_many`` (what ``celery_zsched.core.formats`` does); beat is
   ``-S celery_zsched`` (``ZSchedScheduler``).
 * **redbeat**: ``RedBeatSchedulerEntry(...).save()`` per entry; beat is
   ``redbeat.RedBeatScheduler`` with its lock (taken on ``beat_init``).
@@ -168,7 +168,7 @@ def make_app(env: Env) -> Any:
 def load_zsched(env: Env, plan: Plan) -> Result:
     """Validate rows with ``Job.from_dict``, store them with one ``upsert_many``."""
     from celery_zsched.config import Settings
-    from celery_zsched.job import Defaults, Job
+    from celery_zsched.core.job import Defaults, Job
     from celery_zsched.store import Store
 
     settings = Settings(redis_url=env.store_url, key_prefix=ZSCHED_PREFIX)

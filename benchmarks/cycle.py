@@ -306,7 +306,7 @@ def plain_round(ctx: Ctx, rnd: int, n: int) -> dict[str, Any]:
 
 def zsched_round(ctx: Ctx, rnd: int, n: int) -> dict[str, Any]:
     """A prefork worker and a beat; N jobs stored due now; wait for N settles."""
-    from celery_zsched.job import Job
+    from celery_zsched.core.job import Job
 
     ctx.reset()
     fleet = ctx.fleet("zsched", rnd)

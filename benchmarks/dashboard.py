@@ -135,7 +135,7 @@ def setup_django(db: dict[str, Any], redis_url: str, partitions: int) -> None:
 # --------------------------------------------------------------------- loading
 def load_jobs(store: Any, count: int, seed: int = 1) -> float:
     """``count`` jobs through ``upsert_many`` (first due times given); seconds taken."""
-    from celery_zsched.job import Job
+    from celery_zsched.core.job import Job
 
     started = time.perf_counter()
     rng = random.Random(seed)

@@ -187,7 +187,7 @@ def make_store(redis_url: str) -> Any:
 
 def load_due(store: Any, n: int) -> float:
     """``n`` HTTP jobs due now through the bulk path; the seconds it took."""
-    from celery_zsched.job import Job
+    from celery_zsched.core.job import Job
 
     started = time.perf_counter()
     jobs = [Job.from_dict({"id": f"g{i}", "url": f"http://target.invalid/g{i}",
@@ -421,7 +421,7 @@ def drain(server: Server, store: Any, redis_ps: Any, args: argparse.Namespace,
 
 
 def wake(server: Server, store: Any, args: argparse.Namespace, log: Any) -> dict[str, Any]:
-    from celery_zsched.job import Job
+    from celery_zsched.core.job import Job
 
     planned: dict[str, int] = {}
 

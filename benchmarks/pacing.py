@@ -140,7 +140,7 @@ def load_jobs(store_url: str, rows: list[dict[str, Any]], pacing: bool, stagger:
     The store's pacing setting matters here: a job's domain is written into its
     state at upsert only when pacing is on.
     """
-    from celery_zsched.job import Defaults, Job
+    from celery_zsched.core.job import Defaults, Job
     from celery_zsched.store import Store
 
     settings = settings_for(store_url, pacing, delay_s)
@@ -170,7 +170,7 @@ def _make_app() -> Any:
     from celery import Celery, signals
 
     import celery_zsched.worker  # noqa: F401  (installs the start and settle hooks)
-    from celery_zsched.errors import JobFailed
+    from celery_zsched.core.errors import JobFailed
 
     app = Celery("zsched_pacing_bench", broker=os.environ[ENV_BROKER])
     app.conf.update(FLEET_APP_CONF)
@@ -569,7 +569,7 @@ def claim_loop(store_url: str, n: int, domains: int, pacing: bool, tag: str) -> 
     than jobs most claims hold jobs back (moved to their domain's next slots, in
     the future), so the loop ends once every due job was claimed or held.
     """
-    from celery_zsched.job import Defaults, Job
+    from celery_zsched.core.job import Defaults, Job
     from celery_zsched.store import Store
 
     settings = settings_for(store_url, pacing)

@@ -210,7 +210,7 @@ def import_jobs(cfg: Cfg, start: int, count: int, progress: Any) -> dict[str, An
     pulls it, so neither the rows nor the jobs are ever all in memory. Making
     a row stands for reading the file and is timed with the rest.
     """
-    from celery_zsched.job import Defaults, Job
+    from celery_zsched.core.job import Defaults, Job
     from celery_zsched.store import Store
 
     settings = settings_for(cfg)
@@ -249,7 +249,7 @@ def import_jobs(cfg: Cfg, start: int, count: int, progress: Any) -> dict[str, An
 
 def stored_counts(cfg: Cfg) -> dict[str, Any]:
     """Jobs (defs) and scheduled entries over all partitions, and keys per master."""
-    from celery_zsched.keys import Keys
+    from celery_zsched.store.keys import Keys
 
     client = RedisCluster.from_url(cfg.store_url, decode_responses=True)
     pipe = client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
@@ -269,7 +269,7 @@ class BeatHarness:
     """A real ``ZSchedScheduler`` in this process, driven tick by tick."""
 
     def __init__(self, cfg: Cfg) -> None:
-        from celery_zsched.scheduler import ZSchedScheduler
+        from celery_zsched.beat.scheduler import ZSchedScheduler
 
         self.cfg = cfg
         self.app = make_app(cfg)
@@ -381,7 +381,7 @@ def make_due(cfg: Cfg, ids: list[str]) -> int:
     A job that a previous storm left queued leaves the queued set first, so the
     same set can storm again (its next claim publishes the same occurrence).
     """
-    from celery_zsched.keys import Keys, partition_of
+    from celery_zsched.store.keys import Keys, partition_of
 
     parts = Keys.for_prefix(STORE_PREFIX).partitions(cfg.partitions)
     client = RedisCluster.from_url(cfg.store_url, decode_responses=True)

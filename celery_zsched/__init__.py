@@ -6,8 +6,8 @@ settle hooks with ``import celery_zsched.worker`` in your Celery app module.
 
 from __future__ import annotations
 
-from .config import Settings
-from .errors import (
+from celery_zsched.config import Settings
+from celery_zsched.core.errors import (
     BrokerUnavailable,
     ConfigurationError,
     ImportValidationError,
@@ -17,8 +17,8 @@ from .errors import (
     ValidationError,
     ZSchedError,
 )
-from .job import Job, job_id_for_url
-from .store import Store, task_id_for
+from celery_zsched.core.job import Job, job_id_for_url
+from celery_zsched.store import Store, task_id_for
 
 __all__ = [
     "BrokerUnavailable", "ConfigurationError", "ImportValidationError", "Job", "JobFailed",

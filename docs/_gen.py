@@ -30,7 +30,18 @@ DOCS = Path(__file__).resolve().parent
 SOURCES = {
     # reference/configuration.md: one table per class, in this order, under its title.
     "settings": [
-        ("celery_zsched.config", "Settings", ""),
+        ("celery_zsched.config.redis", "RedisSettings",
+         "Where the schedule lives (`RedisSettings`)"),
+        ("celery_zsched.config.schedule", "ScheduleSettings",
+         "Batches, the delivery contract's deadlines, retries and caps (`ScheduleSettings`)"),
+        ("celery_zsched.config.pacing", "PacingSettings",
+         "Per-domain pacing (`PacingSettings`)"),
+        ("celery_zsched.config.metrics", "MetricsSettings",
+         "Beat's metrics (`MetricsSettings`)"),
+        ("celery_zsched.config.server", "ServerSettings",
+         "`zsched serve`: the job gateway and the REST API (`ServerSettings`)"),
+        ("celery_zsched.config.notify", "NotifySettings",
+         "The notifiers (`NotifySettings`)"),
         ("celery_zsched.contrib.django.conf", "DjangoSettings",
          "Django app only (`celery_zsched.contrib.django.conf.DjangoSettings`; beat accepts "
          "and ignores them)"),
@@ -38,8 +49,8 @@ SOURCES = {
     # reference/cli.md: the click group, rendered by mkdocs-click.
     "cli": ("celery_zsched.cli", "zsched"),
     # reference/redis-layout.md: the key names and the runtime state's fields.
-    "keys": ("celery_zsched.keys", "Keys"),
-    "state": ("celery_zsched.state", "RuntimeState"),
+    "keys": ("celery_zsched.store.keys", "Keys"),
+    "state": ("celery_zsched.core.state", "RuntimeState"),
 }
 #: The OpenAPI document the REST API reference renders (checked in, and tested to
 #: equal the served one: tests/gateway/test_openapi_document.py).

@@ -15,7 +15,7 @@ import pytest
 from celery.bin.celery import celery
 from click.testing import CliRunner, Result
 
-from celery_zsched.appstore import forget_app
+from celery_zsched.services.appstore import forget_app
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.cli_app"

@@ -206,7 +206,7 @@ class LocalCluster:
     def spread_prefix(self, name: str, partitions: int, at_least: int = 2) -> str:
         """A fresh key prefix whose ``partitions`` partitions give every master at least
         ``at_least`` of them (a random prefix leaves one master out now and then)."""
-        from celery_zsched.keys import Keys
+        from celery_zsched.store.keys import Keys
 
         masters = self.masters()
         for _ in range(1000):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 T = TypeVar("T")

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_zsched import heartbeat, notify
-from celery_zsched.appstore import forget_app
+from celery_zsched import notify
+from celery_zsched.services.appstore import forget_app
+from celery_zsched.worker import heartbeat
 from tests.notify_helpers import MakeApp, Recorder
 from tests.webhook_receiver import Receiver, running_receiver
 

@@ -10,10 +10,11 @@ from typing import Any
 
 from celery import Celery
 
-from celery_zsched import signals, worker
-from celery_zsched.appstore import store_for_app
-from celery_zsched.job import Job
-from celery_zsched.signals import JobEvent
+from celery_zsched import worker
+from celery_zsched.core.job import Job
+from celery_zsched.services import signals
+from celery_zsched.services.appstore import store_for_app
+from celery_zsched.services.signals import JobEvent
 from celery_zsched.store import Claimed, Store
 
 MakeApp = Callable[..., Celery]

@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
-from celery_zsched.timing import dt_to_ms, ms_to_dt
+from celery_zsched.core.job import Job
+from celery_zsched.core.timing import dt_to_ms, ms_to_dt
 
 #: Later fires compared per recurring job.
 CHAIN = 40

@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from celery_zsched.job import Job, id_problem
+from celery_zsched.core.job import Job, id_problem
 
 #: The core fields of a job (``id``, ``task``, ``url`` ... ``day_rule``).
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Job))

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor, Change
-from celery_zsched.errors import ValidationError
-from celery_zsched.importer import import_file
-from celery_zsched.job import Job
-from celery_zsched.repartition import repartition
-from celery_zsched.store import Store
+from celery_zsched.core import audit
+from celery_zsched.core.audit import Actor, Change
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.job import Job
+from celery_zsched.services.importer import import_file
+from celery_zsched.store import Store, audit_log
+from celery_zsched.store.repartition import repartition
 from tests.dead_letters import dead_job, kill
 
 ALICE = Actor("cli", "alice@ops")
@@ -28,13 +28,13 @@ def job(job_id: str = "j1", **fields: object) -> Job:
 
 
 def entries(store: Store) -> list[Change]:
-    return [Change.from_entry(sid, fields)
-            for part in range(store.partitions) for sid, fields in audit.entries(store, part=part)]
+    return [Change.from_entry(sid, fields) for part in range(store.partitions)
+            for sid, fields in audit_log.entries(store, part=part)]
 
 
 def test_create_records_the_definition_and_actor(store: Store) -> None:
     store.upsert(job(name="first"), by=ALICE, note="new target")
-    [change] = audit.history(store, "j1")
+    [change] = audit_log.history(store, "j1")
     assert (change.action, change.actor, change.note) == ("create", ALICE, "new target")
     assert change.diff["name"] == [None, "first"]
     assert change.diff["interval_s"] == [None, 300]
@@ -46,7 +46,7 @@ def test_edit_records_exactly_the_changed_fields(store: Store) -> None:
     store.upsert(job(name="first", meta={"a": 1, "b": [1, 2]}, jitter_s=5))
     store.upsert(job(name="second", meta={"a": 1, "b": [1, 3]}, interval_s=60),
                  by=Actor("import", "rows.csv"))
-    change = audit.history(store, "j1")[0]
+    change = audit_log.history(store, "j1")[0]
     assert change.action == "edit"
     assert change.actor == Actor("import", "rows.csv")
     # jitter_s left out of the new definition: back to its default (None).
@@ -66,7 +66,7 @@ def test_reenabling_a_paused_job_by_upsert_is_an_edit_of_enabled(store: Store) -
     store.upsert(job())
     store.pause("j1", by=ALICE, note="target down")
     store.upsert(job(), by=Actor("reconcile"))
-    edit, pause, _create = audit.history(store, "j1")
+    edit, pause, _create = audit_log.history(store, "j1")
     assert (pause.action, pause.diff, pause.note) == (
         "pause", {"enabled": [True, False]}, "target down")
     assert (edit.action, edit.actor.kind, edit.diff) == (
@@ -81,7 +81,7 @@ def test_state_operations_are_recorded_only_when_they_change_something(store: St
     store.run_now("j1", by=ALICE)
     store.reset_failures("j1", by=ALICE)
     store.delete("j1", by=ALICE, note="gone for good")
-    changes = audit.history(store, "j1")
+    changes = audit_log.history(store, "j1")
     assert [c.action for c in changes] == [
         "delete", "reset", "run_now", "resume", "pause", "create"]
     delete, _reset, run_now, resume, *_ = changes
@@ -99,8 +99,8 @@ def test_requeue_and_purge_of_dead_letters_are_recorded(
     kill(store, [dead_job("d1"), dead_job("d2")])
     store.requeue_dead("d1", by=ALICE, note="fixed upstream")
     store.purge_dead("d2", by=ALICE)
-    [requeue] = [c for c in audit.history(store, "d1") if c.action == "requeue"]
-    [purge] = [c for c in audit.history(store, "d2") if c.action == "purge"]
+    [requeue] = [c for c in audit_log.history(store, "d1") if c.action == "requeue"]
+    [purge] = [c for c in audit_log.history(store, "d2") if c.action == "purge"]
     assert (requeue.actor, requeue.note) == (ALICE, "fixed upstream")
     assert purge.diff == {"enabled": [True, False]}
 
@@ -110,13 +110,13 @@ def test_history_reads_one_jobs_changes_across_pages(
         make_store: Callable[..., Store], partitions: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
     store = make_store(partitions=partitions)
-    monkeypatch.setattr(audit, "SCAN_PAGE", 7)
+    monkeypatch.setattr(audit_log, "SCAN_PAGE", 7)
     store.upsert_many([job(f"j{i}") for i in range(40)])
     for n in range(5):
         store.upsert(job("j3", name=f"v{n}"))
-    changes = audit.history(store, "j3", limit=4)
+    changes = audit_log.history(store, "j3", limit=4)
     assert [c.diff["name"][1] for c in changes] == ["v4", "v3", "v2", "v1"]
-    assert len(audit.history(store, "j3", limit=100)) == 6
+    assert len(audit_log.history(store, "j3", limit=100)) == 6
 
 
 def test_the_stream_is_capped(make_store: Callable[..., Store]) -> None:
@@ -161,13 +161,13 @@ def test_repartition_keeps_every_jobs_trail_and_its_times(
     store = make_store(partitions=3)
     store.upsert_many([job(f"j{i}") for i in range(30)], by=ALICE)
     store.pause("j1", by=ALICE, note="before the move")
-    before = {f"j{i}": [(c.action, c.at_ms, c.note) for c in audit.history(store, f"j{i}")]
+    before = {f"j{i}": [(c.action, c.at_ms, c.note) for c in audit_log.history(store, f"j{i}")]
               for i in range(30)}
     repartition(store.client, store.settings, 1)
     merged = Store(store.client, dataclasses.replace(store.settings, partitions=1))
-    after = {f"j{i}": [(c.action, c.at_ms, c.note) for c in audit.history(merged, f"j{i}")]
+    after = {f"j{i}": [(c.action, c.at_ms, c.note) for c in audit_log.history(merged, f"j{i}")]
              for i in range(30)}
     assert after == before
     assert store.client.exists(*(k.audit for k in store.parts[1:])) == 0
     merged.resume("j1", by=ALICE)
-    assert [c.action for c in audit.history(merged, "j1")] == ["resume", "pause", "create"]
+    assert [c.action for c in audit_log.history(merged, "j1")] == ["resume", "pause", "create"]

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from celery_zsched.beat_entries import job_from_entry
-from celery_zsched.errors import ConfigurationError, ImportValidationError, ValidationError
-from celery_zsched.importer import parse_rows, read_rows
-from celery_zsched.job import Defaults, Job
+from celery_zsched.core.errors import ConfigurationError, ImportValidationError, ValidationError
+from celery_zsched.core.formats import read_rows
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.core.rows import parse_rows
+from celery_zsched.services.beat_entries import job_from_entry
 
 BASE: dict[str, Any] = {"id": "job-1", "task": "tests.noop"}
 DEEP = 100_000  # far past the interpreter's recursion limit

@@ -24,10 +24,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import ImportValidationError, ValidationError, show_value
-from celery_zsched.importer import COLUMNS, parse_rows, read_rows
-from celery_zsched.job import Defaults, Job
-from celery_zsched.timing import ms_to_dt
+from celery_zsched.core.errors import ImportValidationError, ValidationError, show_value
+from celery_zsched.core.formats import COLUMNS, read_rows
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.core.rows import parse_rows
+from celery_zsched.core.timing import ms_to_dt
 from tests.strategies import FIELDS, FUZZ, FUZZ_FILES, JSON_LIKE, ROWS
 
 NOW_MS = 1_900_000_000_000  # 2030

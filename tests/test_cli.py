@@ -24,8 +24,8 @@ import redis
 from celery.bin.celery import celery
 from click.testing import CliRunner, Result
 
-from celery_zsched.appstore import forget_app
-from celery_zsched.job import job_id_for_url
+from celery_zsched.core.job import job_id_for_url
+from celery_zsched.services.appstore import forget_app
 from celery_zsched.store import Store
 from tests.cli_env import APP, ROOT, cli_prefix, invoke
 from tests.helpers import store_snapshot

@@ -1,7 +1,7 @@
 """``zsched add`` takes every job field an import row takes, and names the option
 of a bad value (issue 12).
 
-The import columns are the fields of :class:`celery_zsched.job.Job`, so a new
+The import columns are the fields of :class:`celery_zsched.core.job.Job`, so a new
 field without an ``add`` option fails the first test here.
 """
 
@@ -13,7 +13,7 @@ import pytest
 from click.testing import Result
 
 from celery_zsched.cli import _option_of, add
-from celery_zsched.importer import COLUMNS
+from celery_zsched.core.formats import COLUMNS
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
 from tests.helpers import store_snapshot

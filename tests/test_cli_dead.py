@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from celery_zsched.importer import write_rows
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.rows import write_rows
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
 from tests.dead_letters import dead_job, kill

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
 from tests.helpers import settle_all

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor
-from celery_zsched.store import Store
+from celery_zsched.core import audit
+from celery_zsched.core.audit import Actor
+from celery_zsched.store import Store, audit_log
 from tests.cli_env import cli_prefix, invoke
 from tests.dead_letters import dead_job, kill
 
@@ -46,7 +46,7 @@ def run(prefix: str) -> Run:
 
 
 def recorded(store: Store, job_id: str) -> list[tuple[str, Actor, str]]:
-    return [(c.action, c.actor, c.note) for c in audit.history(store, job_id, 100)]
+    return [(c.action, c.actor, c.note) for c in audit_log.history(store, job_id, 100)]
 
 
 def test_each_cli_change_is_recorded_as_the_user_with_its_note(run: Run, zstore: Store) -> None:
@@ -61,7 +61,7 @@ def test_each_cli_change_is_recorded_as_the_user_with_its_note(run: Run, zstore:
         ("delete", cli, "feed retired"), ("run_now", cli, ""),
         ("resume", cli, "maintenance over"), ("pause", cli, "site maintenance"),
         ("edit", cli, ""), ("create", cli, "new feed")]
-    edit = audit.history(zstore, "p")[4]
+    edit = audit_log.history(zstore, "p")[4]
     assert edit.diff == {"interval_s": [3600, 600]}
 
 
@@ -130,4 +130,4 @@ def test_a_note_too_long_is_refused_naming_the_field_and_changes_nothing(
     assert result.exit_code == 65
     assert "note: must be at most 1000 characters (got '1001 characters')" in result.output
     assert not zstore.get("n").paused
-    assert [c.action for c in audit.history(zstore, "n")] == ["create"]
+    assert [c.action for c in audit_log.history(zstore, "n")] == ["create"]

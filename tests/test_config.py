@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError
+from celery_zsched.core.errors import ConfigurationError
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,11 @@ from celery import Celery
 from redis.sentinel import MasterNotFoundError, SlaveNotFoundError
 
 from celery_zsched.config import Settings
-from celery_zsched.connection import parse_sentinel_url, redis_client, ssl_kwargs
-from celery_zsched.errors import ConfigurationError, StoreUnavailable, redis_unavailable
-from celery_zsched.job import Job
+from celery_zsched.core.errors import ConfigurationError, StoreUnavailable
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
+from celery_zsched.store.connection import parse_sentinel_url, redis_client, ssl_kwargs
+from celery_zsched.store.errors import redis_unavailable
 from tests.docs_pages import page
 
 #: The settings this module covers (each must be in the configuration reference's table).

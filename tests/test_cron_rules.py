@@ -24,13 +24,14 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 
-from celery_zsched.beat_entries import job_from_entry
 from celery_zsched.config import Settings
-from celery_zsched.errors import ValidationError
-from celery_zsched.importer import parse_rows, read_rows, write_rows
-from celery_zsched.job import Defaults, Job
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.formats import read_rows
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.core.rows import parse_rows, write_rows
+from celery_zsched.core.timing import cron_next, dt_to_ms, ms_to_dt
+from celery_zsched.services.beat_entries import job_from_entry
 from celery_zsched.store import Store
-from celery_zsched.timing import cron_next, dt_to_ms, ms_to_dt
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -474,7 +475,7 @@ def test_cli_add_takes_day_rule(redis_url: str, make_store: Callable[..., Store]
     from celery.bin.celery import celery
     from click.testing import CliRunner
 
-    from celery_zsched.appstore import forget_app
+    from celery_zsched.services.appstore import forget_app
 
     prefix = "{dr" + uuid.uuid4().hex[:8] + "}:"
     monkeypatch.setenv("ZSCHED_REDIS_URL", redis_url)

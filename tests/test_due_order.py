@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from celery_zsched.config import Settings
-from celery_zsched.due_order import due_times, iter_due
-from celery_zsched.errors import StoreUnavailable
-from celery_zsched.job import Job
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
+from celery_zsched.store.due_order import due_times, iter_due
 
 
 def _jobs(count: int) -> list[Job]:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from celery.signals import task_success
 
-from celery_zsched.errors import JobFailed
+from celery_zsched.core.errors import JobFailed
 from tests.helpers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example_project"

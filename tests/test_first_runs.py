@@ -12,7 +12,7 @@ import pytest
 
 from celery_zsched import store as store_module
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 N = 100

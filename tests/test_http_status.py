@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from celery_zsched.errors import JobFailed
-from celery_zsched.http_status import parse_retry_after, retry_after_of, status_of
+from celery_zsched.core.errors import JobFailed
+from celery_zsched.core.http_status import parse_retry_after, retry_after_of, status_of
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -7,7 +7,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 N = 10_000

@@ -14,18 +14,11 @@ from typing import Any, cast
 
 import pytest
 
-from celery_zsched.errors import ImportValidationError, ValidationError
-from celery_zsched.importer import (
-    COLUMNS,
-    DEFAULT_MAX_BYTES,
-    Row,
-    import_file,
-    iter_rows,
-    parse_rows,
-    read_rows,
-    write_rows,
-)
-from celery_zsched.job import Defaults, Job, job_id_for_url
+from celery_zsched.core.errors import ImportValidationError, ValidationError
+from celery_zsched.core.formats import COLUMNS, DEFAULT_MAX_BYTES, Row, iter_rows, read_rows
+from celery_zsched.core.job import Defaults, Job, job_id_for_url
+from celery_zsched.core.rows import parse_rows, write_rows
+from celery_zsched.services.importer import import_file
 from celery_zsched.store import Store
 
 BERLIN = Defaults(timezone="Europe/Berlin")

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from celery_zsched.config import Settings
-from celery_zsched.domains import domain_of
-from celery_zsched.errors import StoreUnavailable, ValidationError
-from celery_zsched.job import Job
-from celery_zsched.listing import JobFilter, Page, _encode, _Position, list_page
+from celery_zsched.core.domains import domain_of
+from celery_zsched.core.errors import StoreUnavailable, ValidationError
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
+from celery_zsched.store.listing import JobFilter, Page, _encode, _Position, list_page
 from tests.dead_letters import dead_job, kill
 
 HOSTS = ("a.example", "B.Example", "sub.c.example")

@@ -19,11 +19,11 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from celery_zsched.beat.scheduler import ZSchedScheduler
 from celery_zsched.config import Settings
-from celery_zsched.exporter import StoreCollector, serve
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.metrics import BeatMetrics
-from celery_zsched.scheduler import ZSchedScheduler
+from celery_zsched.metrics.exporter import StoreCollector, serve
 from celery_zsched.store import Store
 from tests.helpers import free_port, settle_all, wait
 

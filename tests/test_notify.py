@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_zsched import notify, signals
-from celery_zsched.appstore import store_for_app
+from celery_zsched import notify
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError
+from celery_zsched.core.errors import ConfigurationError
 from celery_zsched.notify import DeliveryFailed, Message, Notifier, Webhook
+from celery_zsched.services import signals
+from celery_zsched.services.appstore import store_for_app
 from celery_zsched.store import Store
 from tests.docs_pages import page
 from tests.notify_helpers import (

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from celery_zsched.config import Settings
-from celery_zsched.domains import domain_of, normalise_domain, registrable
-from celery_zsched.errors import ConfigurationError, ValidationError
-from celery_zsched.job import Job
-from celery_zsched.results import Claimed
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.domains import domain_of, normalise_domain, registrable
+from celery_zsched.core.errors import ConfigurationError, ValidationError
+from celery_zsched.core.job import Job
+from celery_zsched.core.results import Claimed
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Store
 
 Make = Callable[..., Store]

@@ -18,13 +18,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zsched.errors import LayoutMismatch
-from celery_zsched.job import Job
-from celery_zsched.keys import Keys, partition_of
-from celery_zsched.results import ClaimBatch
-from celery_zsched.scheduler import ZSchedScheduler
+from celery_zsched.beat.scheduler import ZSchedScheduler
+from celery_zsched.beat.visits import Visits
+from celery_zsched.core.errors import LayoutMismatch
+from celery_zsched.core.job import Job
+from celery_zsched.core.results import ClaimBatch
 from celery_zsched.store import Store
-from celery_zsched.visits import Visits
+from celery_zsched.store.keys import Keys, partition_of
 
 P = 4
 

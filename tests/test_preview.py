@@ -1,4 +1,4 @@
-"""The next N fire times (celery_zsched.preview): DST gaps and folds, the job's
+"""The next N fire times (celery_zsched.services.preview): DST gaps and folds, the job's
 limits, pause, and stored jobs read from real Redis."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections.abc import Callable
 from datetime import datetime
 
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
-from celery_zsched.preview import Fire, next_fires, preview, preview_info
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.core.timing import UTC, dt_to_ms
+from celery_zsched.services.preview import Fire, next_fires, preview, preview_info
 from celery_zsched.store import Store
-from celery_zsched.timing import UTC, dt_to_ms
 
 SETTINGS = Settings(max_jitter_s=0)
 BERLIN = "Europe/Berlin"

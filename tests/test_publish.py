@@ -29,8 +29,8 @@ from celery.exceptions import CDeprecationWarning
 from celery.utils.saferepr import saferepr
 from kombu import Connection, Exchange, Queue
 
-from celery_zsched.job import Job
-from celery_zsched.publish import _send, fast_repr, publish_batch
+from celery_zsched.beat.publish import _send, fast_repr, publish_batch
+from celery_zsched.core.job import Job
 from celery_zsched.store import Claimed
 
 AMQP_URL = os.environ.get("ZSCHED_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")

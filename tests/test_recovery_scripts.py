@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_zsched.job import Job
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Claimed, ReapResult, Store
 from tests.helpers import store_snapshot
 

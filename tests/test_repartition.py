@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import LayoutMismatch
-from celery_zsched.job import Job
-from celery_zsched.repartition import RepartitionRefused, repartition
+from celery_zsched.core.errors import LayoutMismatch
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
+from celery_zsched.store.repartition import RepartitionRefused, repartition
 
 
 def _job(job_id: str) -> Job:
@@ -159,7 +159,7 @@ def test_the_cli_command_moves_the_store_and_says_what_to_do_next(
         make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
     from celery.bin.celery import celery
 
-    from celery_zsched.appstore import forget_app
+    from celery_zsched.services.appstore import forget_app
     from tests import cli_app
 
     store = make_store()

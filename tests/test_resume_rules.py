@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import ReapResult, Store
 from tests.helpers import store_snapshot
 from tests.test_cli import Run, prefix, run, zstore  # noqa: F401  (fixtures)

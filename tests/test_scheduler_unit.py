@@ -18,15 +18,14 @@ import redis
 from celery import Celery
 from celery.schedules import crontab
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor
-from celery_zsched.beat_entries import job_from_entry, static_job_id
+from celery_zsched.beat.scheduler import ZSchedScheduler
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError
-from celery_zsched.job import Defaults, Job
-from celery_zsched.scheduler import ZSchedScheduler
-from celery_zsched.store import Store, task_id_for
-from celery_zsched.timing import cron_next, dt_to_ms, ms_to_dt
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import ConfigurationError
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.core.timing import cron_next, dt_to_ms, ms_to_dt
+from celery_zsched.services.beat_entries import job_from_entry, static_job_id
+from celery_zsched.store import Store, audit_log, task_id_for
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -172,12 +171,12 @@ def test_restart_deletes_removed_static_jobs_updates_changed_ones_keeps_dynamic_
     assert change_due is not None
     # The audit trail names beat's config sync; the unchanged entry recorded nothing.
     config = Actor("reconcile", "beat_schedule")
-    assert [(c.action, c.actor) for c in audit.history(store, "change")] == [
+    assert [(c.action, c.actor) for c in audit_log.history(store, "change")] == [
         ("edit", config), ("create", config)]
-    assert audit.history(store, "change")[0].diff == {"args": [[1], [2]],
+    assert audit_log.history(store, "change")[0].diff == {"args": [[1], [2]],
                                                        "interval_s": [10.0, 20.0]}
-    assert [c.action for c in audit.history(store, "keep")] == ["create"]
-    removed = audit.history(store, "remove")[0]
+    assert [c.action for c in audit_log.history(store, "keep")] == ["create"]
+    removed = audit_log.history(store, "remove")[0]
     assert (removed.action, removed.actor) == ("delete", config)
 
 

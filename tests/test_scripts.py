@@ -19,13 +19,12 @@ from typing import Any
 import pytest
 import redis
 
-from celery_zsched import scripts
 from celery_zsched.config import Settings
-from celery_zsched.errors import JobNotFound
-from celery_zsched.job import Job
-from celery_zsched.keys import Keys
-from celery_zsched.state import RuntimeState
-from celery_zsched.store import Claimed, ReapResult, Store, task_id_for
+from celery_zsched.core.errors import JobNotFound
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.store import Claimed, ReapResult, Store, scripts, task_id_for
+from celery_zsched.store.keys import Keys
 from tests.helpers import store_snapshot
 
 
@@ -81,7 +80,8 @@ def test_each_script_header_documents_the_keys_and_argv_its_spec_declares(
         spec: scripts.ScriptSpec[Any]) -> None:
     """The one Python declaration of a script and its Lua header name the same KEYS, in order,
     and as many ARGV values (the repeated group as "groups of N")."""
-    text = resources.files("celery_zsched").joinpath(f"lua/{spec.name}.lua").read_text("utf-8")
+    lua = resources.files("celery_zsched.store").joinpath("lua")
+    text = lua.joinpath(f"{spec.name}.lua").read_text("utf-8")
     header = [line for line in text.splitlines() if line.startswith("--")]
     keys = [re.match(r"-- KEYS\[(\d+)\]\s+(\w+)", line) for line in header]
     assert [(int(m[1]), m[2]) for m in keys if m] == list(enumerate(spec.keys, 1))
@@ -107,7 +107,7 @@ def test_a_script_call_with_a_missing_unknown_or_misshapen_argument_is_refused()
 
 def test_every_script_loads_with_the_prelude_and_no_script_reads_time_itself() -> None:
     """now_ms and the state encoding live once, in the prelude."""
-    lua = resources.files("celery_zsched").joinpath("lua")
+    lua = resources.files("celery_zsched.store").joinpath("lua")
     for name in scripts.SCRIPTS:
         body = lua.joinpath(f"{name}.lua").read_text("utf-8")
         code = "\n".join(line for line in body.splitlines() if not line.startswith("--"))

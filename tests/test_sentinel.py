@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import pytest
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import StoreUnavailable
-from celery_zsched.job import Job
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.servers import SentinelGroup, make_certs, sentinel_group
 

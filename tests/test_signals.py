@@ -9,10 +9,10 @@ from typing import Any
 
 from celery import Celery
 
-from celery_zsched import signals
-from celery_zsched.appstore import store_for_app
-from celery_zsched.scheduler import ZSchedScheduler
-from celery_zsched.signals import BreakerEvent, JobEvent
+from celery_zsched.beat.scheduler import ZSchedScheduler
+from celery_zsched.services import signals
+from celery_zsched.services.appstore import store_for_app
+from celery_zsched.services.signals import BreakerEvent, JobEvent
 from tests.notify_helpers import MakeApp, Recorder, claim_one, fail_in_worker, url_job
 
 pytest_plugins = ["tests.notify_fixtures"]

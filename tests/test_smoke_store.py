@@ -1,6 +1,6 @@
 """A first round trip through the store: upsert, claim, settle."""
 
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 

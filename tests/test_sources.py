@@ -22,11 +22,11 @@ from celery.bin.celery import celery
 from celery.schedules import crontab, schedule
 from click.testing import CliRunner, Result
 
-from celery_zsched.appstore import forget_app
-from celery_zsched.beat_entries import static_job_id
-from celery_zsched.sources import ceil_ms, first_due_ms, read_redbeat
+from celery_zsched.core.timing import dt_to_ms, ms_to_dt
+from celery_zsched.services.appstore import forget_app
+from celery_zsched.services.beat_entries import static_job_id
+from celery_zsched.services.sources import ceil_ms, first_due_ms, read_redbeat
 from celery_zsched.store import Store
-from celery_zsched.timing import dt_to_ms, ms_to_dt
 from tests.helpers import store_snapshot
 from tests.source_fires import (
     assert_due_flips_at,

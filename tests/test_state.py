@@ -9,8 +9,8 @@ from importlib import resources
 
 import redis
 
-from celery_zsched.job import Job
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Store
 from tests.docs_pages import page
 
@@ -18,7 +18,7 @@ from tests.docs_pages import page
 def test_every_key_the_scripts_write_is_a_named_field() -> None:
     """Each ``st.<key>`` any script assigns or reads is declared in RuntimeState."""
     wire = {f.metadata["wire"] for f in fields(RuntimeState)}
-    lua = resources.files("celery_zsched").joinpath("lua")
+    lua = resources.files("celery_zsched.store").joinpath("lua")
     used: set[str] = set()
     for script in lua.iterdir():
         if script.name.endswith(".lua"):

@@ -15,11 +15,11 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_zsched.beat.scheduler import ZSchedScheduler
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
-from celery_zsched.scheduler import ZSchedScheduler
+from celery_zsched.core.job import Job
+from celery_zsched.core.timing import backoff_s, cron_next, dt_to_ms
 from celery_zsched.store import SettleResult, Store
-from celery_zsched.timing import backoff_s, cron_next, dt_to_ms
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")

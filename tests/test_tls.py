@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import StoreUnavailable
-from celery_zsched.job import Job
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.servers import Certs, RedisServer, make_certs, running, tls_server
 

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor
-from celery_zsched.errors import ImportValidationError, ValidationError
-from celery_zsched.importer import import_file, read_rows, write_rows
-from celery_zsched.job import Job
-from celery_zsched.keys import partition_of
-from celery_zsched.repartition import repartition
-from celery_zsched.store import Store
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import ImportValidationError, ValidationError
+from celery_zsched.core.formats import read_rows
+from celery_zsched.core.job import Job
+from celery_zsched.core.rows import write_rows
+from celery_zsched.services.importer import import_file
+from celery_zsched.store import Store, audit_log
+from celery_zsched.store.keys import partition_of
+from celery_zsched.store.repartition import repartition
 from tests.cli_env import cli_prefix, invoke
 
 
@@ -148,7 +149,7 @@ def test_transport_changes_and_http_job_controls_are_in_the_audit_trail(store: S
     store.pause("a", by=ops)
     store.resume("a", by=ops)
     store.delete("a", by=ops, note="retired")
-    delete, resume, pause, edit, create = audit.history(store, "a")
+    delete, resume, pause, edit, create = audit_log.history(store, "a")
     assert [c.action for c in (create, edit, pause, resume, delete)] == [
         "create", "edit", "pause", "resume", "delete"]
     assert "transport" not in create.diff  # the default, left out of the definition
@@ -229,7 +230,7 @@ def test_the_exporter_counts_http_jobs_and_their_backlog(store: Store) -> None:
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest
 
-    from celery_zsched.exporter import StoreCollector
+    from celery_zsched.metrics.exporter import StoreCollector
 
     store.upsert_many([_job("h1"), _job("h2"), _job("c", "celery")], stagger=False)
     registry = CollectorRegistry()

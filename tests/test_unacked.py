@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from celery import Celery
 
-from celery_zsched.job import Job
-from celery_zsched.publish import publish_batch
+from celery_zsched.beat.publish import publish_batch
+from celery_zsched.beat.unacked import UnackedSweep, occurrence_in
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
-from celery_zsched.unacked import UnackedSweep, occurrence_in
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_zsched.beat.scheduler import ZSchedScheduler
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError, ValidationError
-from celery_zsched.job import Job
-from celery_zsched.scheduler import ZSchedScheduler
+from celery_zsched.core.errors import ConfigurationError, ValidationError
+from celery_zsched.core.job import Job
 
 BASE: dict[str, Any] = {"id": "job-1", "task": "tests.noop"}
 

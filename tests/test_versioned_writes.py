@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor
-from celery_zsched.job import Job
-from celery_zsched.state import RuntimeState
-from celery_zsched.store import Store
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.store import Store, audit_log
 from tests.helpers import store_snapshot
 
 
@@ -37,7 +36,7 @@ def _version(store: Store, job_id: str) -> int | None:
 
 
 def _actions(store: Store, job_id: str) -> list[str]:
-    return [c.action for c in reversed(audit.history(store, job_id, limit=100))]
+    return [c.action for c in reversed(audit_log.history(store, job_id, limit=100))]
 
 
 def test_an_older_version_never_replaces_a_newer_definition(store: Store) -> None:
@@ -188,7 +187,7 @@ def test_shuffled_pushes_of_many_jobs_end_with_each_jobs_newest_definition(
 
 def test_repartition_carries_tombstones_to_the_deleted_jobs_new_partitions(
         make_store: Callable[..., Store]) -> None:
-    from celery_zsched.repartition import repartition
+    from celery_zsched.store.repartition import repartition
 
     one = make_store()
     ids = [f"gone{n}" for n in range(12)]

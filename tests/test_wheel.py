@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from celery_zsched import scripts
+from celery_zsched.store import scripts
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, celery_zsched
-from celery_zsched import scripts
+from celery_zsched.store import scripts
 from importlib import resources
 print(json.dumps({
     "file": celery_zsched.__file__,

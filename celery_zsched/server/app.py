@@ -11,15 +11,15 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
-from ..config import api_token_scopes
-from ..store import Store
-from . import gateway, handlers, imports, jobs
-from .auth import Tokens, require
-from .dispatcher import Dispatcher
-from .edge import BodyGuard, limits_for
-from .lease import LeaseSigner
-from .openapi import document
-from .writer import JobWriter, StoreWriter
+from celery_zsched.config import api_token_scopes
+from celery_zsched.server import gateway, handlers, imports, jobs
+from celery_zsched.server.auth import Tokens, require
+from celery_zsched.server.dispatcher import Dispatcher
+from celery_zsched.server.edge import BodyGuard, limits_for
+from celery_zsched.server.lease import LeaseSigner
+from celery_zsched.server.openapi import document
+from celery_zsched.server.writer import JobWriter, StoreWriter
+from celery_zsched.store import Store
 
 #: Threads that run store calls (redis-py blocks). asyncio's default is
 #: cpu + 4, which would queue a burst of reports behind a handful of calls.
@@ -30,7 +30,7 @@ def create_app(store: Store, *, sender: Any = None, writer: JobWriter | None = N
     """The server for ``store``, configured by its settings (tokens, timeouts).
 
     ``sender`` (the Celery app) sends the signals of its settles and reaps, as a
-    worker and beat do (:mod:`celery_zsched.signals`): the notifiers hear HTTP jobs too.
+    worker and beat do (:mod:`celery_zsched.services.signals`): the notifiers hear HTTP jobs too.
     ``writer`` takes the management API's changes (default: the store itself).
     """
     settings = store.settings

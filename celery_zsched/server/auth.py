@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import Request
 
-from .problems import Problem
+from celery_zsched.server.problems import Problem
 
 #: What each scope also grants: a write token may read. The worker scope (the
 #: gateway) is its own: a worker token cannot read or edit other jobs.

@@ -10,7 +10,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 
-from .problems import Problem, bad_field, bad_fields
+from celery_zsched.server.problems import Problem, bad_field, bad_fields
 
 #: Largest request body: a report is a token, two times and an error text.
 MAX_BODY = 4096

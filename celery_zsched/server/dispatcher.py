@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import signals
-from ..errors import StoreUnavailable, redis_unavailable
-from ..results import Claimed
-from ..store import Store
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.results import Claimed
+from celery_zsched.services import signals
+from celery_zsched.store import Store
+from celery_zsched.store.errors import redis_unavailable
 
 logger = logging.getLogger("celery_zsched.server")
 T = TypeVar("T")

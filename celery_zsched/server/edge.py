@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..config import SETTING_PREFIX, Settings
-from .problems import PROBLEM_JSON
+from celery_zsched.config import SETTING_PREFIX, Settings
+from celery_zsched.server.problems import PROBLEM_JSON
 
 logger = logging.getLogger("celery_zsched.server")
 

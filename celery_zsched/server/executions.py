@@ -18,12 +18,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from ..dead import iso
-from ..errors import redis_unavailable
-from ..store import Store
-from .auth import require
-from .problems import Problem, bad_field
-from .views import Execution, ExecutionPage
+from celery_zsched.core import stream_ids
+from celery_zsched.server.auth import require
+from celery_zsched.server.problems import Problem, bad_field
+from celery_zsched.server.views import Execution, ExecutionPage
+from celery_zsched.store import Store
+from celery_zsched.store.dead import iso
+from celery_zsched.store.errors import redis_unavailable
 
 router = APIRouter()
 #: Stream entries one call reads at most, and per round trip.
@@ -49,7 +50,7 @@ def _execution(stream_id: str, fields: dict[str, str]) -> Execution:
     except ValueError:
         timings = {}
     return Execution(
-        id=stream_id, at=iso(int(fields.get("at") or stream_id.partition("-")[0])),
+        id=stream_id, at=iso(int(fields.get("at") or stream_ids.millis(stream_id))),
         occurrence=int(fields.get("occ") or 0), attempt=int(fields.get("attempt") or 1),
         status=fields.get("status", ""), error=fields.get("error") or None,
         timings=timings if isinstance(timings, dict) else {})

@@ -17,17 +17,17 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from .. import signals
-from ..results import Claimed, SettleResult
-from ..store import Store
-from ..telemetry import log_event
-from .auth import require
-from .bodies import CompleteReport, ErrorReport, HeartbeatReport, read_model
-from .dispatcher import Dispatcher, ShuttingDown, StoreDown
-from .gateway_views import Extended, JobOffer, NotExtended, NotSettled, Settled
-from .jobs import JobId
-from .lease import Lease, LeaseSigner
-from .problems import Problem, bad_field
+from celery_zsched.core.results import Claimed, SettleResult
+from celery_zsched.core.telemetry import log_event
+from celery_zsched.server.auth import require
+from celery_zsched.server.bodies import CompleteReport, ErrorReport, HeartbeatReport, read_model
+from celery_zsched.server.dispatcher import Dispatcher, ShuttingDown, StoreDown
+from celery_zsched.server.gateway_views import Extended, JobOffer, NotExtended, NotSettled, Settled
+from celery_zsched.server.jobs import JobId
+from celery_zsched.server.lease import Lease, LeaseSigner
+from celery_zsched.server.problems import Problem, bad_field
+from celery_zsched.services import signals
+from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")
 router = APIRouter(tags=["gateway"], dependencies=[Depends(require("worker"))])

@@ -8,9 +8,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from ..errors import StoreUnavailable
-from .bodies import pydantic_fields
-from .problems import Problem, bad_fields
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.server.bodies import pydantic_fields
+from celery_zsched.server.problems import Problem, bad_fields
 
 #: Retry-After of a 503 when a report or heartbeat found Redis unreachable.
 STORE_RETRY_S = 2

@@ -20,10 +20,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import redis_unavailable
-from ..store import Store
-from .auth import token_identity
-from .problems import Problem
+from celery_zsched.server.auth import token_identity
+from celery_zsched.server.problems import Problem
+from celery_zsched.store import Store
+from celery_zsched.store.errors import redis_unavailable
 
 #: How long a first answer is kept for retries (a day, as Stripe keeps them).
 KEEP_S = 24 * 3600

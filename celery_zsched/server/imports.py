@@ -23,17 +23,18 @@ from typing import IO, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from ..audit import Actor
-from ..errors import ImportValidationError, ValidationError
-from ..importer import FORMATS, parse_rows_spooled, stream_rows
-from ..store import Store
-from . import idempotency
-from .auth import require
-from .bodies import too_large
-from .jobs import actor_of, store_of, writer_of
-from .problems import Problem, bad_field, invalid_job
-from .views import ImportResult
-from .writer import JobWriter
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import ImportValidationError, ValidationError
+from celery_zsched.core.formats import FORMATS, stream_rows
+from celery_zsched.core.rows import parse_rows_spooled
+from celery_zsched.server import idempotency
+from celery_zsched.server.auth import require
+from celery_zsched.server.bodies import too_large
+from celery_zsched.server.jobs import actor_of, store_of, writer_of
+from celery_zsched.server.problems import Problem, bad_field, invalid_job
+from celery_zsched.server.views import ImportResult
+from celery_zsched.server.writer import JobWriter
+from celery_zsched.store import Store
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 #: Largest import body (about 300,000 typical rows); split larger files.

@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ValidationError
-from ..job import Defaults, Job
-from .problems import bad_field, invalid_job
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.server.problems import bad_field, invalid_job
 
 #: Largest body of a create or an edit (meta, args and kwargs included).
 MAX_JOB_BODY = 256 * 1024

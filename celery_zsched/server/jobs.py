@@ -17,15 +17,14 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from ..audit import Actor
-from ..errors import JobNotFound, ValidationError
-from ..job import Defaults, Job
-from ..results import JobInfo
-from ..store import Store
-from . import executions, idempotency
-from .auth import require, token_fingerprint
-from .bodies import json_object, read_body
-from .job_input import (
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import JobNotFound, ValidationError
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.core.results import JobInfo
+from celery_zsched.server import executions, idempotency
+from celery_zsched.server.auth import require, token_fingerprint
+from celery_zsched.server.bodies import json_object, read_body
+from celery_zsched.server.job_input import (
     MAX_JOB_BODY,
     JobFields,
     JobPatch,
@@ -34,9 +33,10 @@ from .job_input import (
     request_body,
     status_of,
 )
-from .problems import Problem, bad_field, invalid_job
-from .views import JobPage, JobView, RunResult, job_view
-from .writer import JobWriter
+from celery_zsched.server.problems import Problem, bad_field, invalid_job
+from celery_zsched.server.views import JobPage, JobView, RunResult, job_view
+from celery_zsched.server.writer import JobWriter
+from celery_zsched.store import Store
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 READ = [Depends(require("read"))]
@@ -186,7 +186,7 @@ async def list_jobs(
                                description="next_cursor of the page before."),
 ) -> Response:
     """Walk the jobs, a page at a time, in no particular order (see ``next_cursor``)."""
-    from ..listing import JobFilter, list_page
+    from celery_zsched.store.listing import JobFilter, list_page
 
     store = store_of(request)
     try:

@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config import SETTING_PREFIX, Settings, api_token_scopes
-from ..errors import ConfigurationError
+from celery_zsched.config import SETTING_PREFIX, Settings, api_token_scopes
+from celery_zsched.core.errors import ConfigurationError
 
 #: Shortest lease secret accepted: 32 characters of token_urlsafe carry 192 bits.
 MIN_SECRET_CHARS = 32

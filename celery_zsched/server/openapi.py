@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from .views import ProblemDetail
+from celery_zsched.server.views import ProblemDetail
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/ProblemDetail"}
 #: Errors every route may answer, with what they mean.
@@ -94,9 +94,9 @@ def render(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     """Print the document, as ``docs/openapi.json`` holds it."""
-    from ..config import Settings
-    from ..store import Store
-    from .app import create_app
+    from celery_zsched.config import Settings
+    from celery_zsched.server.app import create_app
+    from celery_zsched.store import Store
 
     # Building the document reads no setting and opens no connection: port 1 says so.
     app = create_app(Store.from_settings(Settings(redis_url="redis://127.0.0.1:1/0")))

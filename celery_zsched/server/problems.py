@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ..errors import ValidationError
+from celery_zsched.core.errors import ValidationError
 
 PROBLEM_JSON = "application/problem+json"
 

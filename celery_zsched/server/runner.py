@@ -15,10 +15,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from ..store import Store
-from .app import create_app
-from .edge import BACKLOG, Limits, guarded_protocol
-from .writer import JobWriter
+from celery_zsched.server.app import create_app
+from celery_zsched.server.edge import BACKLOG, Limits, guarded_protocol
+from celery_zsched.server.writer import JobWriter
+from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")
 #: Longest uvicorn waits for requests in flight at shutdown.

@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ..dead import iso
-from ..preview import preview_info
-from ..results import JobInfo
-from ..store import Store
+from celery_zsched.core.results import JobInfo
+from celery_zsched.services.preview import preview_info
+from celery_zsched.store import Store
+from celery_zsched.store.dead import iso
 
 
 class JobState(BaseModel):

@@ -15,11 +15,11 @@ import os
 from collections.abc import Iterable
 from typing import Literal, Protocol
 
-from ..audit import Actor
-from ..errors import ConfigurationError, JobNotFound
-from ..job import Job
-from ..results import ImportReport
-from ..store import Store
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import ConfigurationError, JobNotFound
+from celery_zsched.core.job import Job
+from celery_zsched.core.results import ImportReport
+from celery_zsched.store import Store
 
 
 class JobWriter(Protocol):
@@ -30,7 +30,7 @@ class JobWriter(Protocol):
 
     def replace(self, job: Job, tag: str, by: Actor) -> bool:
         """Replace a job's definition, only if it is still the one tagged ``tag``
-        (:func:`~celery_zsched.job.definition_tag`); ``False`` (nothing written) if not."""
+        (:func:`~celery_zsched.core.job.definition_tag`); ``False`` (nothing written) if not."""
 
     def delete(self, job_id: str, by: Actor) -> bool:
         """Delete a job; ``False`` if there is none."""
@@ -116,8 +116,8 @@ def choose(store: Store, choice: WriterChoice = "auto") -> tuple[JobWriter, str]
                                  "in INSTALLED_APPS (set DJANGO_SETTINGS_MODULE)")
     if not use_django:
         return StoreWriter(store), "REST API writes: Redis store"
-    from ..contrib.django.api_writer import ModelWriter
-    from ..contrib.django.conf import get_store
+    from celery_zsched.contrib.django.api_writer import ModelWriter
+    from celery_zsched.contrib.django.conf import get_store
 
     theirs = get_store().base.prefix
     if theirs != store.base.prefix:

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.browser.conftest import CHROMIUM, log_in
 from tests.dead_letters import dead_job, kill

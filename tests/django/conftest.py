@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from celery_zsched.contrib.django.models import ZSchedJob
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 
 
 @pytest.fixture(autouse=True)

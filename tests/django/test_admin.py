@@ -28,9 +28,9 @@ from celery_zsched.contrib.django.admin import INFO_ATTR
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
 from celery_zsched.contrib.django.sync import reconcile
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
+from celery_zsched.core.timing import ms_to_dt
 from celery_zsched.store import Store
-from celery_zsched.timing import ms_to_dt
 
 pytestmark = pytest.mark.django_db
 

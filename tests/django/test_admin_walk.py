@@ -19,9 +19,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_zsched.audit import NOTE_MAX
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedJobChange, ZSchedRun
+from celery_zsched.core.audit import NOTE_MAX
 from celery_zsched.store import Store
 from tests.django.test_admin import bulk_jobs, fail
 

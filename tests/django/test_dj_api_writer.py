@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from celery_zsched.audit import Actor
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.api_writer import ModelWriter
 from celery_zsched.contrib.django.audit import drain_changes
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedJobChange
 from celery_zsched.contrib.django.sync import reconcile
-from celery_zsched.job import Job
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.gateway.conftest import (  # noqa: F401  (serve: a fixture)
     LEASE_SECRET,

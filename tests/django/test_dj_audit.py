@@ -16,15 +16,15 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from celery_zsched import audit
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.audit import drain_changes
 from celery_zsched.contrib.django.history import drain
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedJobChange
 from celery_zsched.contrib.django.sync import reconcile
-from celery_zsched.job import Job
-from celery_zsched.repartition import repartition
+from celery_zsched.core import audit
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
+from celery_zsched.store.repartition import repartition
 from tests.dead_letters import kill
 from tests.django.test_admin import ADD, CHANGE, action, form_data
 

@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import reverse
 
 from celery_zsched.contrib.django.models import ZSchedJob
-from celery_zsched.errors import ValidationError, show_value
+from celery_zsched.core.errors import ValidationError, show_value
 
 pytestmark = pytest.mark.django_db
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from celery_zsched.contrib.django.forms import ZSchedJobForm
 from celery_zsched.contrib.django.models import DEFINITION_FIELDS, ZSchedJob
-from celery_zsched.errors import ValidationError
-from celery_zsched.job import Job
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.job import Job
 from tests.strategies import ANY_CHAR, FUZZ, ROWS, TEXT
 
 pytestmark = pytest.mark.django_db

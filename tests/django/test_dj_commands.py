@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,7 +16,7 @@ from celery_zsched.config import Settings
 from celery_zsched.contrib.django import conf, tasks
 from celery_zsched.contrib.django.apps import ZSchedConfig
 from celery_zsched.contrib.django.models import ZSchedJob
-from celery_zsched.errors import ConfigurationError
+from celery_zsched.core.errors import ConfigurationError
 
 
 def _check_ids() -> set[str]:

@@ -21,7 +21,7 @@ from django.urls import reverse
 from celery_zsched.contrib.django import conf, dashboard
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
 from celery_zsched.contrib.django.stats import percentile
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.dead_letters import dead_job, kill
 from tests.helpers import settle_all

@@ -12,9 +12,9 @@ from django.test import Client
 from django.urls import reverse
 
 from celery_zsched.contrib.django.models import DayRule, ZSchedJob
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
+from celery_zsched.core.timing import ms_to_dt
 from celery_zsched.store import Store
-from celery_zsched.timing import ms_to_dt
 from tests.django.test_admin import ADD, CHANGE, form_data
 
 pytestmark = pytest.mark.django_db

@@ -18,7 +18,7 @@ from django.urls import reverse
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob
 from celery_zsched.contrib.django.sync import reconcile
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Store
 from tests.dead_letters import kill
 

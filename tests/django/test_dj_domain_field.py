@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from celery_zsched.contrib.django.forms import ZSchedJobForm
 from celery_zsched.contrib.django.models import JobValidationError, ZSchedJob
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.django.test_admin import ADD, CHANGE, form_data
 from tests.django.test_dj_commands import _definitions, _rows, _run, _write

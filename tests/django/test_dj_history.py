@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from celery_zsched.contrib.django import history
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -27,11 +27,11 @@ from django_celery_beat.models import (
 )
 from django_celery_beat.schedulers import ModelEntry
 
-from celery_zsched.beat_entries import static_job_id
 from celery_zsched.contrib.django.models import ZSchedJob
-from celery_zsched.sources import ceil_ms
+from celery_zsched.core.timing import dt_to_ms, ms_to_dt
+from celery_zsched.services.beat_entries import static_job_id
+from celery_zsched.services.sources import ceil_ms
 from celery_zsched.store import Store
-from celery_zsched.timing import dt_to_ms, ms_to_dt
 from tests.helpers import store_snapshot
 from tests.source_fires import (
     assert_due_flips_at,

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.db import models
 
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
-from celery_zsched.job import Job, job_id_for_url
+from celery_zsched.core.job import Job, job_id_for_url
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,10 @@ import pytest
 from celery import Celery
 from django.core import mail
 
-from celery_zsched import heartbeat, notify, signals
-from celery_zsched.appstore import forget_app, store_for_app
+from celery_zsched import notify
+from celery_zsched.services import signals
+from celery_zsched.services.appstore import forget_app, store_for_app
+from celery_zsched.worker import heartbeat
 from tests.notify_helpers import claim_one, fail_in_worker, started_then_lost, url_job, wait_until
 
 

@@ -27,17 +27,16 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone as dj_timezone
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor
 from celery_zsched.contrib.django import conf, outbox
 from celery_zsched.contrib.django.api_writer import ModelWriter, row_tags
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
 from celery_zsched.contrib.django.operations import apply_operation
 from celery_zsched.contrib.django.sync import reconcile
-from celery_zsched.exporter import StoreCollector
-from celery_zsched.job import Job
-from celery_zsched.state import RuntimeState
-from celery_zsched.store import Store
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.metrics.exporter import StoreCollector
+from celery_zsched.store import Store, audit_log
 
 NOWHERE = "redis://127.0.0.1:1/0"  # refuses at once
 OUTBOX = "admin:zsched_zschedoutbox_changelist"
@@ -146,8 +145,8 @@ def test_every_writer_leaves_its_change_in_the_outbox_when_redis_is_down(
     for gone in (rows[1], rows[2], rows[6]):
         assert zstore.get_many([gone.job_id]) == [None]
     # Each change is in the audit trail once, as made by whoever made it.
-    assert [c.action for c in audit.history(zstore, rows[5].job_id)][:1] == ["edit"]
-    assert audit.history(zstore, rows[6].job_id)[0].actor == api
+    assert [c.action for c in audit_log.history(zstore, rows[5].job_id)][:1] == ["edit"]
+    assert audit_log.history(zstore, rows[6].job_id)[0].actor == api
 
 
 @pytest.mark.django_db(transaction=True)
@@ -397,7 +396,7 @@ def test_the_outbox_settings_have_defaults_env_overrides_and_a_readme_row(
 @pytest.mark.django_db(transaction=True)
 def test_a_redis_out_of_memory_is_an_outage_never_a_changes_fault(
         settings: Any, tmp_path: Path) -> None:
-    from celery_zsched.errors import StoreUnavailable
+    from celery_zsched.core.errors import StoreUnavailable
     from tests.servers import RedisServer, running
 
     with running(RedisServer(tmp_path / "redis")) as (server,):

@@ -18,10 +18,10 @@ import redis
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from celery_zsched.audit import Actor
 from celery_zsched.contrib.django import conf, outbox
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
-from celery_zsched.job import Job
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.job import Job
 from tests.servers import RedisServer, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from celery_zsched.contrib.django import conf, history, sync
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.django.test_admin import CHANGELIST, bulk_jobs, changelist_ids, count_round_trips
 

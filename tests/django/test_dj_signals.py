@@ -11,7 +11,7 @@ from django.db import transaction
 
 from celery_zsched.contrib.django import conf
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
-from celery_zsched.errors import ValidationError
+from celery_zsched.core.errors import ValidationError
 from celery_zsched.store import Store
 
 

@@ -12,7 +12,7 @@ import redis
 
 from celery_zsched.contrib.django import sync
 from celery_zsched.contrib.django.models import ZSchedJob
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -35,11 +35,9 @@ import pytest
 import redis
 
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import JobInfo, Store
-from tests.helpers import free_port
-
-from .names import (
+from e2e.names import (
     APP_MODULE,
     ENV_BEAT_SCHEDULE,
     ENV_BROKER_URL,
@@ -49,7 +47,8 @@ from .names import (
     TASK_ID_PARAM,
     WORKER_ID_PARAM,
 )
-from .targets import PacedTarget, serve_targets
+from e2e.targets import PacedTarget, serve_targets
+from tests.helpers import free_port
 
 T = TypeVar("T")
 

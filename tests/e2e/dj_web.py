@@ -23,8 +23,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from celery_zsched.audit import Actor
     from celery_zsched.contrib.django import audit
+    from celery_zsched.core.audit import Actor
 
     alice = Actor("admin", "alice")
     for line in sys.stdin:

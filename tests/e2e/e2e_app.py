@@ -20,10 +20,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from celery import Celery, Task
 
 import celery_zsched.worker  # installs the settle hooks
-from celery_zsched.errors import JobFailed
-from celery_zsched.http_status import parse_retry_after
-
-from .names import (
+from celery_zsched.core.errors import JobFailed
+from celery_zsched.core.http_status import parse_retry_after
+from e2e.names import (
     ENV_ACKS_LATE,
     ENV_BEAT_DIE_AFTER_S,
     ENV_BEAT_SCHEDULE,
@@ -54,7 +53,7 @@ app.conf.update(
     zsched_default_task=SCRAPE_TASK,
 )
 if os.environ.get(ENV_BEAT_DIE_AFTER_S):
-    from celery_zsched.scheduler import ZSchedScheduler
+    from celery_zsched.beat.scheduler import ZSchedScheduler
 
     _DIE_AT = time.monotonic() + float(os.environ[ENV_BEAT_DIE_AFTER_S])
     _publish = ZSchedScheduler._publish
@@ -99,7 +98,7 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
 
     ``meta["on_429"]`` chooses how a 429 is reported: ``"report"`` calls
     :func:`celery_zsched.worker.report` and returns normally, ``"raise"`` raises
-    :class:`celery_zsched.errors.JobFailed`. Either way ``Retry-After`` is the delay.
+    :class:`celery_zsched.core.errors.JobFailed`. Either way ``Retry-After`` is the delay.
     ``meta["celery_retry_s"]`` makes the first try retry itself through Celery's
     own ``Task.retry`` with that countdown.
     """

@@ -18,9 +18,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from celery_zsched.state import RuntimeState
-
-from .conftest import Deployment, Proc, wait_for
+from celery_zsched.core.state import RuntimeState
+from e2e.conftest import Deployment, Proc, wait_for
 
 T = TypeVar("T")
 #: ``ZSCHED_SOAK=1`` selects the issue's full sizes (minutes); else CI's short variant.

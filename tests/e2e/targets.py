@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .names import TASK_ID_PARAM, WORKER_ID_PARAM
+from e2e.names import TASK_ID_PARAM, WORKER_ID_PARAM
 
 #: An answer: status and headers.
 Answer = tuple[int, dict[str, str]]

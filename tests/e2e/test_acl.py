@@ -16,14 +16,13 @@ import redis
 
 from celery_zsched.config import Settings
 from celery_zsched.store import Store
+from e2e.conftest import CELERY, REPO_ROOT, Deployment, TargetServer
+from e2e.names import APP_MODULE
 from tests.docs_pages import page, pages
 from tests.servers import RedisServer, running
 
-from .conftest import CELERY, REPO_ROOT, Deployment, TargetServer
-from .names import APP_MODULE
-
 ACL_PAGE = "how-to/connections.md"
-LUA = REPO_ROOT / "celery_zsched" / "lua"
+LUA = REPO_ROOT / "celery_zsched" / "store" / "lua"
 PLACEHOLDER = "CHANGE-ME"
 
 

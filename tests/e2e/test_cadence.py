@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import Deployment, TargetServer, gaps
-from .names import SCRAPE_TASK
+from e2e.conftest import Deployment, TargetServer, gaps
+from e2e.names import SCRAPE_TASK
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Deployment, TargetServer, log_events
+from e2e.conftest import Deployment, TargetServer, log_events
 
 pytestmark = pytest.mark.slow
 

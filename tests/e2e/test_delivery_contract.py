@@ -28,11 +28,10 @@ from typing import Any
 import pytest
 from kombu.transport.redis import Channel
 
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import task_id_for
-
-from .conftest import Deployment, Hit, TargetServer, log_events
-from .observe import (
+from e2e.conftest import Deployment, Hit, TargetServer, log_events
+from e2e.observe import (
     SOAK,
     counters,
     report,

@@ -24,13 +24,12 @@ from typing import Any
 
 import pytest
 
-from celery_zsched import audit
-from celery_zsched.errors import StoreUnavailable
-from celery_zsched.store import Store
+from celery_zsched.core import audit
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.store import Store, audit_log
+from e2e.conftest import REPO_ROOT, Deployment, TargetServer, wait_for
+from e2e.names import SCRAPE_TASK
 from tests.servers import RedisServer, SentinelGroup, running, sentinel_group
-
-from .conftest import REPO_ROOT, Deployment, TargetServer, wait_for
-from .names import SCRAPE_TASK
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +128,7 @@ def redis_now(store: Store) -> int:
 
 def changes_since(store: Store, job_id: str, since_ms: int) -> list[audit.Change]:
     """The audit trail's changes of ``job_id`` made at or after ``since_ms`` (Redis' clock)."""
-    return [c for c in reversed(audit.history(store, job_id, limit=100))
+    return [c for c in reversed(audit_log.history(store, job_id, limit=100))
             if c.at.timestamp() * 1000 >= since_ms]
 
 

@@ -24,12 +24,11 @@ import psutil
 import pytest
 from celery import Celery
 
-from celery_zsched.results import task_id_for
+from celery_zsched.core.results import task_id_for
+from e2e.conftest import AMQP_URL, Deployment, TargetServer, log_events
+from e2e.names import ENV_ACKS_LATE, ENV_BROKER_URL, OTHER_TASK, SCRAPE_TASK
+from e2e.observe import settles, wait_ready
 from tests.helpers import store_snapshot
-
-from .conftest import AMQP_URL, Deployment, TargetServer, log_events
-from .names import ENV_ACKS_LATE, ENV_BROKER_URL, OTHER_TASK, SCRAPE_TASK
-from .observe import settles, wait_ready
 
 pytestmark = pytest.mark.slow
 #: How long the resumed zombie's and the new holder's runs take at the target.

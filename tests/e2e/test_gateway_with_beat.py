@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from e2e.conftest import Deployment, TargetServer
 from tests.gateway.conftest import LEASE_SECRET, TOKENS, WORKER
 from tests.helpers import free_port, wait
-
-from .conftest import Deployment, TargetServer
 
 pytestmark = [
     pytest.mark.slow,

@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from e2e.conftest import Deployment, TargetServer
 from tests.webhook_receiver import Receiver, running_receiver
-
-from .conftest import Deployment, TargetServer
 
 pytestmark = pytest.mark.slow
 

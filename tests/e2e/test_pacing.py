@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from celery_zsched.domains import DomainInfo
-
-from .conftest import Deployment, log_events
-from .targets import Answer, Arrival, PacedTarget
+from celery_zsched.core.domains import DomainInfo
+from e2e.conftest import Deployment, log_events
+from e2e.targets import Answer, Arrival, PacedTarget
 
 pytestmark = pytest.mark.slow
 

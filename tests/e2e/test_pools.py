@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import Deployment, TargetServer, log_events
+from e2e.conftest import Deployment, TargetServer, log_events
 
 pytestmark = pytest.mark.slow
 

@@ -24,10 +24,9 @@ from collections.abc import Callable
 import pytest
 
 from celery_zsched.store import task_id_for
-
-from .conftest import Deployment, TargetServer
-from .names import ENV_BEAT_DIE_AFTER_S
-from .observe import SOAK, report, settles, states, wait_all, wait_ready
+from e2e.conftest import Deployment, TargetServer
+from e2e.names import ENV_BEAT_DIE_AFTER_S
+from e2e.observe import SOAK, report, settles, states, wait_all, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
 

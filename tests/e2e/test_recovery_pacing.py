@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import Deployment
-from .observe import SOAK, counters, report, states, wait_all, wait_ready
-from .targets import PacedTarget
+from e2e.conftest import Deployment
+from e2e.observe import SOAK, counters, report, states, wait_all, wait_ready
+from e2e.targets import PacedTarget
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
 

@@ -35,12 +35,11 @@ from dataclasses import dataclass
 import pytest
 from kombu.transport.redis import Channel
 
+from celery_zsched.beat.unacked import occurrence_in
 from celery_zsched.store import task_id_for
-from celery_zsched.unacked import occurrence_in
-
-from .conftest import Deployment
-from .observe import SOAK, counters, report, states, wait_all, wait_ready
-from .targets import Arrival, PacedTarget
+from e2e.conftest import Deployment
+from e2e.observe import SOAK, counters, report, states, wait_all, wait_ready
+from e2e.targets import Arrival, PacedTarget
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
 

@@ -9,8 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from celery_zsched.store import task_id_for
-
-from .conftest import Deployment, TargetServer, log_events
+from e2e.conftest import Deployment, TargetServer, log_events
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from celery_zsched.errors import StoreUnavailable
+from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.store import Store
+from e2e.conftest import Deployment, TargetServer, wait_for
 from tests.servers import SentinelGroup, sentinel_group
-
-from .conftest import Deployment, TargetServer, wait_for
 
 pytestmark = pytest.mark.slow
 

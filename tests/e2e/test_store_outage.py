@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import Deployment, RedisProcess, TargetServer, log_events
+from e2e.conftest import Deployment, RedisProcess, TargetServer, log_events
 
 pytestmark = pytest.mark.slow
 

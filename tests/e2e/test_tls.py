@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e.conftest import Deployment, TargetServer
 from tests.servers import Certs, RedisServer, make_certs, running, tls_server
-
-from .conftest import Deployment, TargetServer
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from celery_zsched.store import task_id_for
-
-from .conftest import Deployment, log_events
-from .names import SCRAPE_TASK
+from e2e.conftest import Deployment, log_events
+from e2e.names import SCRAPE_TASK
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.server.app import create_app
 from celery_zsched.server.dispatcher import Dispatcher
 from celery_zsched.server.runner import server_config

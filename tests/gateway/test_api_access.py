@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from celery_zsched import audit
+from celery_zsched.store import audit_log
 from tests.gateway.conftest import READER, TOKENS, WORKER, WRITER, Served, http_job
 from tests.helpers import store_snapshot
 
@@ -254,13 +254,13 @@ def test_api_changes_are_audited_as_api_with_the_tokens_fingerprint_never_the_to
                            ).status_code == 200
     mine, theirs = f"token {fingerprint(WRITER)}", f"token {fingerprint(OTHER_WRITER)}"
     trail = [(c.action, c.actor.kind, c.actor.name)
-             for c in reversed(audit.history(store, "audited"))]
+             for c in reversed(audit_log.history(store, "audited"))]
     assert trail == [("create", "api", mine), ("edit", "api", mine),
                      ("pause", "api", theirs), ("resume", "api", mine),
                      ("run_now", "api", mine), ("delete", "api", mine)]
-    edit = audit.history(store, "audited")[-2]
+    edit = audit_log.history(store, "audited")[-2]
     assert edit.diff == {"interval_s": [60.0, 90.0]}
-    [imported] = audit.history(store, "imported")
+    [imported] = audit_log.history(store, "imported")
     assert (imported.action, imported.actor.kind, imported.actor.name) == \
         ("create", "api", mine)
     assert imported.note == "bulk import (REST API)"
@@ -273,7 +273,7 @@ def test_a_refused_call_records_nothing(served: Served) -> None:
     with served.client(READER) as reader, served.client(None) as anonymous:
         assert reader.patch("/v1/jobs/target", json={"status": "paused"}).status_code == 403
         assert anonymous.delete("/v1/jobs/target").status_code == 401
-    assert [c.action for c in audit.history(served.store, "target")] == ["create"]
-    assert audit.history(served.store, "target")[0].actor.kind == "api"
-    assert audit.history(served.store, "target")[0].actor.name == ""
+    assert [c.action for c in audit_log.history(served.store, "target")] == ["create"]
+    assert audit_log.history(served.store, "target")[0].actor.kind == "api"
+    assert audit_log.history(served.store, "target")[0].actor.name == ""
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from celery_zsched import audit
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.server import imports
+from celery_zsched.store import audit_log
 from tests.gateway.conftest import WORKER, WRITER, Served, http_job
 
 URL = "https://example.org/feed"
@@ -109,7 +109,7 @@ def test_a_retried_post_with_its_idempotency_key_gets_the_first_answer(api: Serv
     assert again.headers["idempotent-replayed"] == "true"
     assert "idempotent-replayed" not in first.headers
     assert again.headers["location"] == first.headers["location"]
-    changes = audit.history(api.store, first.json()["id"])
+    changes = audit_log.history(api.store, first.json()["id"])
     assert [c.action for c in changes] == ["create"]
 
 
@@ -151,7 +151,7 @@ def test_concurrent_posts_with_one_idempotency_key_create_one_job(api: Served) -
     assert len(fresh) == 1
     assert all(res.json() == fresh[0].json() for res in answers if res.status_code == 201)
     assert len(_defs(api)) == 1
-    assert [c.action for c in audit.history(api.store, fresh[0].json()["id"])] == ["create"]
+    assert [c.action for c in audit_log.history(api.store, fresh[0].json()["id"])] == ["create"]
 
 
 def test_a_bad_idempotency_key_is_400(api: Served) -> None:
@@ -207,7 +207,7 @@ def test_a_patch_replaces_the_fields_given_and_moves_a_changed_schedule(api: Ser
     assert job.url == URL
     assert res.json()["state"]["next_run_ms"] != created["state"]["next_run_ms"]
     assert res.headers["etag"] != f'"{created["etag"]}"'
-    (change, _) = audit.history(api.store, created["id"])
+    (change, _) = audit_log.history(api.store, created["id"])
     assert change.action == "edit" and change.actor.kind == "api"
 
 
@@ -250,7 +250,7 @@ def test_a_patch_pauses_and_resumes(api: Served) -> None:
         resumed = client.patch(path, json={"status": "active"})
     assert resumed.json()["state"]["status"] == "scheduled"
     assert not api.store.get(created["id"]).paused
-    ops = [c.action for c in audit.history(api.store, created["id"])]
+    ops = [c.action for c in audit_log.history(api.store, created["id"])]
     assert ops[:2] == ["resume", "pause"]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from celery_zsched.config import Settings, api_token_scopes
-from celery_zsched.errors import ConfigurationError
+from celery_zsched.core.errors import ConfigurationError
 from celery_zsched.server.dispatcher import Dispatcher, ShuttingDown
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from celery_zsched import signals
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.server import auth
-from celery_zsched.state import RuntimeState
+from celery_zsched.services import signals
 from tests.gateway.conftest import READER, WORKER, Served, elapsed, http_job
 from tests.helpers import wait
 

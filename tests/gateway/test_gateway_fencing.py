@@ -22,11 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from celery_zsched.state import RuntimeState
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Store
+from gateway.conftest import TOKENS, WORKER, http_job, serve_process, stop_process
 from tests.helpers import free_port, store_snapshot, wait
-
-from .conftest import TOKENS, WORKER, http_job, serve_process, stop_process
 
 pytestmark = pytest.mark.slow
 

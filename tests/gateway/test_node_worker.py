@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from celery_zsched.config import Settings
-from celery_zsched.job import Job
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
 from tests.e2e.conftest import TargetServer
 from tests.gateway.conftest import WORKER, serve_process, stop_process

@@ -24,10 +24,9 @@ import pytest
 
 from celery_zsched.config import Settings
 from celery_zsched.server.edge import FD_RESERVE
+from security.conftest import Server
 from tests.gateway.conftest import READER, WORKER, WRITER, output_so_far
 from tests.helpers import wait
-
-from .conftest import Server
 
 pytestmark = pytest.mark.slow
 

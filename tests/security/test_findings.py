@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError
+from celery_zsched.core.errors import ConfigurationError
 from celery_zsched.server import jobs as jobs_module
 from celery_zsched.server.lease import Lease, LeaseSigner
 from celery_zsched.store import Store

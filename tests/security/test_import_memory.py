@@ -19,9 +19,8 @@ import psutil
 import pytest
 
 from celery_zsched.server.imports import MAX_IMPORT_BYTES
+from security.conftest import Server
 from tests.gateway.conftest import WRITER
-
-from .conftest import Server
 
 pytestmark = pytest.mark.slow
 

@@ -31,29 +31,35 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
-from celery_zsched.errors import JobNotFound, StoreUnavailable, ValidationError
-from celery_zsched.preview import preview, preview_info
+from celery_zsched.contrib.django.admin_times import (
+    CLOCK,
+    FULL,
+    zone_label,
+    zone_or_none,
+    zoned,
+    zones_line,
+)
+from celery_zsched.contrib.django.audit import admin_actor, request_note
+from celery_zsched.contrib.django.audit_admin import AuditedAdminMixin, RecentChangesInline
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.dashboard import OUTCOME_COLOURS, DashboardAdminView
+from celery_zsched.contrib.django.dead_admin import DeadLetterAdminViews
+from celery_zsched.contrib.django.domains_admin import DomainAdminViews
+from celery_zsched.contrib.django.forms import ZSchedJobForm
+from celery_zsched.contrib.django.job_filters import DeadLetteredFilter, QueueFilter
+from celery_zsched.contrib.django.models import JobKind, RunStatus, ZSchedJob, ZSchedRun
+from celery_zsched.contrib.django.next_run_order import next_run_page
+from celery_zsched.contrib.django.operations import OPERATIONS, apply_operation
+from celery_zsched.contrib.django.outbox_admin import ZSchedOutboxAdmin  # noqa: F401  (registers itself)
+from celery_zsched.contrib.django.preview_admin import COUNT, fires_html, preview_url
+from celery_zsched.contrib.django.preview_admin import urls as preview_urls
+from celery_zsched.contrib.django.readonly import JobRecordsReadOnly
+from celery_zsched.contrib.django.runs_admin import DELAYS_HELP, RunColumns
+from celery_zsched.contrib.django.words import every, job_in_words
+from celery_zsched.core.errors import JobNotFound, StoreUnavailable, ValidationError
+from celery_zsched.core.timing import ms_to_dt
+from celery_zsched.services.preview import preview, preview_info
 from celery_zsched.store import JobInfo, Store
-from celery_zsched.timing import ms_to_dt
-
-from .admin_times import CLOCK, FULL, zone_label, zone_or_none, zoned, zones_line
-from .audit import admin_actor, request_note
-from .audit_admin import AuditedAdminMixin, RecentChangesInline
-from .conf import get_store
-from .dashboard import OUTCOME_COLOURS, DashboardAdminView
-from .dead_admin import DeadLetterAdminViews
-from .domains_admin import DomainAdminViews
-from .forms import ZSchedJobForm
-from .job_filters import DeadLetteredFilter, QueueFilter
-from .models import JobKind, RunStatus, ZSchedJob, ZSchedRun
-from .next_run_order import next_run_page
-from .operations import OPERATIONS, apply_operation
-from .outbox_admin import ZSchedOutboxAdmin  # noqa: F401  (registers itself)
-from .preview_admin import COUNT, fires_html, preview_url
-from .preview_admin import urls as preview_urls
-from .readonly import JobRecordsReadOnly
-from .runs_admin import DELAYS_HELP, RunColumns
-from .words import every, job_in_words
 
 #: Attribute of a row instance that holds its live Redis state for this request.
 #: Set per instance (never on the shared ModelAdmin), so concurrent requests

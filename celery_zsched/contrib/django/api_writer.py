@@ -27,16 +27,15 @@ from typing import Any
 
 from django.db import IntegrityError, close_old_connections, connections, router, transaction
 
-from celery_zsched.audit import Actor
-from celery_zsched.job import Job, definition_tag
-from celery_zsched.results import ImportReport
+from celery_zsched.contrib.django import audit
+from celery_zsched.contrib.django.bulk import ImportSummary, write_jobs
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.contrib.django.operations import apply_operation
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.job import Job, definition_tag
+from celery_zsched.core.results import ImportReport
 from celery_zsched.server.writer import StoreWriter
-
-from . import audit
-from .bulk import ImportSummary, write_jobs
-from .conf import get_store
-from .models import ZSchedJob
-from .operations import apply_operation
 
 
 def row_tags(row: ZSchedJob) -> set[str]:

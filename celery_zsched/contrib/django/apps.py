@@ -28,8 +28,8 @@ class ZSchedConfig(AppConfig):
         # themselves, and only now, when the app registry is complete.
         from celery.signals import beat_embedded_init, beat_init
 
-        from . import checks, signals  # noqa: F401
-        from .outbox import start_sweeper
+        from celery_zsched.contrib.django import checks, signals  # noqa: F401
+        from celery_zsched.contrib.django.outbox import start_sweeper
 
         beat_init.connect(start_sweeper, dispatch_uid="zsched_outbox_sweeper")
         beat_embedded_init.connect(start_sweeper, dispatch_uid="zsched_outbox_sweeper_embedded")

@@ -1,7 +1,7 @@
 """The audit trail in Django: who is acting, and the change history copied from Redis.
 
 Every change is recorded once, in Redis, by the script that makes it (see
-:mod:`celery_zsched.audit`), whatever made it: the admin, a management
+:mod:`celery_zsched.core.audit`), whatever made it: the admin, a management
 command, the CLI, reconcile. :func:`drain_changes` copies new entries into
 :class:`ZSchedJobChange` rows, the way :mod:`.history` copies settles: one
 ``bulk_create`` per batch, then a cursor kept in Redis. The stream id is unique
@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.http import HttpRequest
 
-from celery_zsched import audit
-from celery_zsched.audit import Actor, Change, check_note
-from celery_zsched.errors import StoreUnavailable
-from celery_zsched.store import Store
-
-from .conf import get_store
-from .models import ZSchedJobChange, to_db_datetime
-from .sync import IN_CHUNK, batched
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedJobChange, to_db_datetime
+from celery_zsched.contrib.django.sync import IN_CHUNK, batched
+from celery_zsched.core import audit
+from celery_zsched.core.audit import Actor, Change, check_note
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.store import Store, audit_log
 
 #: Stream entries read per round trip and written per transaction.
 BATCH = 1000
@@ -60,7 +59,7 @@ def current() -> tuple[Actor, str]:
 
 def request_note(request: HttpRequest) -> str:
     """The note the admin user typed with an action or a button ("" if none); raises
-    :class:`~celery_zsched.errors.ValidationError` (field ``note``) when it is too long,
+    :class:`~celery_zsched.core.errors.ValidationError` (field ``note``) when it is too long,
     for the view to show as an error message, before anything changes."""
     return check_note(str(request.POST.get("note", "")))
 
@@ -84,7 +83,7 @@ class ChangeDrainReport:
 def drain_changes(max_items: int = 100_000, *, batch: int = BATCH) -> ChangeDrainReport:
     """Copy up to ``max_items`` new audit entries into :class:`ZSchedJobChange`; idempotent.
 
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Raises :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     started = time.perf_counter()
     store = get_store()
@@ -100,9 +99,9 @@ def _drain_part(store: Store, part: int, max_items: int, batch: int,
     # Entry ids repeat across partitions' streams: with several, a row's
     # stream_id is "partition/entry id".
     label = f"{part}/" if store.partitions > 1 else ""
-    cursor = audit.cursor(store, part)
+    cursor = audit_log.cursor(store, part)
     while report.read < max_items:
-        rows = audit.entries(store, after=cursor, count=min(batch, max_items - report.read),
+        rows = audit_log.entries(store, after=cursor, count=min(batch, max_items - report.read),
                              part=part)
         if not rows:
             return
@@ -113,7 +112,7 @@ def _drain_part(store: Store, part: int, max_items: int, batch: int,
         # The cursor moves only after the rows are committed: a crash in between
         # re-reads entries whose rows exist, which the unique stream_id absorbs.
         cursor = rows[-1][0]
-        audit.advance_cursor(store, cursor, part)
+        audit_log.advance_cursor(store, cursor, part)
         report.read += len(rows)
 
 

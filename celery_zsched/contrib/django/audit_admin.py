@@ -23,11 +23,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from celery_zsched.audit import NOTE_MAX
-
-from .audit import acting, admin_actor, drain_quietly
-from .models import ZSchedJobChange
-from .readonly import JobRecordsReadOnly
+from celery_zsched.contrib.django.audit import acting, admin_actor, drain_quietly
+from celery_zsched.contrib.django.models import ZSchedJobChange
+from celery_zsched.contrib.django.readonly import JobRecordsReadOnly
+from celery_zsched.core.audit import NOTE_MAX
 
 #: The POST field of the note typed with a save on the job's add or change page.
 NOTE_FIELD = "zsched_note"

@@ -1,6 +1,6 @@
 """Bulk import into the database (then Redis, staggered) and export from the database.
 
-The file formats, validation and line numbers are :mod:`celery_zsched.importer`'s,
+The file formats, validation and line numbers are :mod:`celery_zsched.core.formats`'s,
 shared with ``celery zsched import``; this module adds the database, which is
 written first (one transaction) because the row is the durable definition.
 """
@@ -17,17 +17,17 @@ from typing import TextIO
 from django.db import connections, router, transaction
 from django.utils import timezone as dj_timezone
 
-from celery_zsched.audit import API, Actor
-from celery_zsched.errors import ValidationError
-from celery_zsched.importer import import_actor, parse_rows, read_rows, write_rows
-from celery_zsched.job import Job
+from celery_zsched.contrib.django import outbox
+from celery_zsched.contrib.django.conf import get_defaults, get_store
+from celery_zsched.contrib.django.models import DEFINITION_FIELDS, ZSchedJob
+from celery_zsched.contrib.django.progress import Progress
+from celery_zsched.contrib.django.sync import IN_CHUNK, SAMPLES, batched, chunked_rows, existing_ids
+from celery_zsched.core.audit import API, Actor
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.formats import read_rows
+from celery_zsched.core.job import Job
+from celery_zsched.core.rows import import_actor, parse_rows, write_rows
 from celery_zsched.store import ImportReport
-
-from . import outbox
-from .conf import get_defaults, get_store
-from .models import DEFINITION_FIELDS, ZSchedJob
-from .progress import Progress
-from .sync import IN_CHUNK, SAMPLES, batched, chunked_rows, existing_ids
 
 #: Rows per ``bulk_create`` / ``bulk_update`` call (the backend may split further).
 DB_BATCH = 2000
@@ -83,7 +83,7 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
     """Import a JSON, JSON Lines or CSV file of jobs into the database, then Redis.
 
     Every row is validated before anything is written. Any invalid row raises
-    :class:`~celery_zsched.errors.ImportValidationError` listing each bad row's
+    :class:`~celery_zsched.core.errors.ImportValidationError` listing each bad row's
     field and line, and nothing is written; with ``skip_invalid`` the valid rows
     are imported and the others reported. New ids are created with
     ``bulk_create``; ids already in the database are skipped, or with
@@ -91,9 +91,9 @@ def import_jobs(path: str | Path, fmt: str | None = None, *, dry_run: bool = Fal
     changed). All database writes are one transaction. Then the written jobs
     are upserted into Redis, first runs staggered over their intervals.
 
-    A file that cannot be read raises :class:`~celery_zsched.errors.ValidationError`.
+    A file that cannot be read raises :class:`~celery_zsched.core.errors.ValidationError`.
     If Redis is down after the database commit,
-    :class:`~celery_zsched.errors.StoreUnavailable` is raised: the rows are
+    :class:`~celery_zsched.core.errors.StoreUnavailable` is raised: the rows are
     saved with their outbox entries, and beat's outbox sweeper pushes them
     (staggered) as soon as Redis is reachable.
     """

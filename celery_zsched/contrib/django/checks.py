@@ -11,9 +11,13 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from celery_zsched.config import Settings
-from celery_zsched.errors import ConfigurationError
-
-from .conf import ALIAS_SETTING, DjangoSettings, redis_alias, zsched_mapping
+from celery_zsched.contrib.django.conf import (
+    ALIAS_SETTING,
+    DjangoSettings,
+    redis_alias,
+    zsched_mapping,
+)
+from celery_zsched.core.errors import ConfigurationError
 
 
 @register()

@@ -31,10 +31,10 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from celery_zsched.config import Settings
-from celery_zsched.connection import redis_client
-from celery_zsched.errors import ConfigurationError
-from celery_zsched.job import Defaults
+from celery_zsched.core.errors import ConfigurationError
+from celery_zsched.core.job import Defaults
 from celery_zsched.store import Store
+from celery_zsched.store.connection import redis_client
 
 DJANGO_PREFIX = "CELERY_"
 ALIAS_SETTING = "CELERY_ZSCHED_REDIS_ALIAS"
@@ -140,7 +140,7 @@ def get_settings() -> Settings:
     Without ``CELERY_ZSCHED_REDIS_URL`` the URL falls back, as in beat, to
     ``CELERY_BROKER_URL`` when that is Redis, else ``redis://localhost:6379/0``
     (ignored when an alias is configured). Raises
-    :class:`~celery_zsched.errors.ConfigurationError` for unknown or bad values.
+    :class:`~celery_zsched.core.errors.ConfigurationError` for unknown or bad values.
     """
     with _lock:
         if "settings" not in _cache:

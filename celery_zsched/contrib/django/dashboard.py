@@ -41,14 +41,14 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone as dj_timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from celery_zsched.errors import StoreUnavailable, redis_unavailable
+from celery_zsched.contrib.django import outbox, svg
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedRun
+from celery_zsched.contrib.django.stats import percentile
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.timing import ms_to_dt
 from celery_zsched.store import Store
-from celery_zsched.timing import ms_to_dt
-
-from . import outbox, svg
-from .conf import get_store
-from .models import ZSchedRun
-from .stats import percentile
+from celery_zsched.store.errors import redis_unavailable
 
 #: Due-load histogram: 48 half-hour buckets cover the next 24 hours.
 DUE_BUCKETS = 48
@@ -115,7 +115,7 @@ class Dashboard:
 def gather(store: Store, hours: int = HOURS) -> Dashboard:
     """Read every figure of the page (Redis and database), at bounded cost.
 
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Raises :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     with redis_unavailable():
         now = store.now_ms()

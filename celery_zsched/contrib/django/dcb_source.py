@@ -35,9 +35,10 @@ from typing import Any
 
 from django.apps import apps
 
-from celery_zsched.errors import ConfigurationError, ValidationError
-from celery_zsched.job import Defaults
-from celery_zsched.sources import (
+from celery_zsched.contrib.django.models import from_db_datetime
+from celery_zsched.core.errors import ConfigurationError, ValidationError
+from celery_zsched.core.job import Defaults
+from celery_zsched.services.sources import (
     DJANGO_CELERY_BEAT,
     SourceJob,
     SourceRead,
@@ -47,8 +48,6 @@ from celery_zsched.sources import (
     job_name,
     source_job,
 )
-
-from .models import from_db_datetime
 
 _APP = "django_celery_beat"
 #: Rows read per query.

@@ -24,14 +24,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from celery_zsched import dead
-from celery_zsched.dead import DeadLetter
-from celery_zsched.errors import StoreUnavailable, ValidationError
-
-from . import outbox
-from .audit import admin_actor, request_note
-from .conf import get_store
-from .models import ZSchedJob
+from celery_zsched.contrib.django import outbox
+from celery_zsched.contrib.django.audit import admin_actor, request_note
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.core.errors import StoreUnavailable, ValidationError
+from celery_zsched.store import dead
+from celery_zsched.store.dead import DeadLetter
 
 #: Newest dead letters shown (and selectable) on the page; the CLI's
 #: ``zsched dead requeue --all`` acts on any number.

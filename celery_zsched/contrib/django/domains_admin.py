@@ -27,12 +27,11 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from celery_zsched import domain_table
-from celery_zsched.domains import DomainInfo, normalise_domain
-from celery_zsched.errors import StoreUnavailable
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.core import domain_table
+from celery_zsched.core.domains import DomainInfo, normalise_domain
+from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.store import Store
-
-from .conf import get_store
 
 #: Domains per page of the list (each is one row of plain cells).
 PER_PAGE = 200

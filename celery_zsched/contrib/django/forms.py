@@ -24,7 +24,7 @@ from django.forms.fields import InvalidJSONInput
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from .models import DEFINITION_FIELDS, ZSchedJob
+from celery_zsched.contrib.django.models import DEFINITION_FIELDS, ZSchedJob
 
 # Lone surrogates: a page holding one cannot be encoded as UTF-8.
 _SURROGATE = re.compile("[\ud800-\udfff]")

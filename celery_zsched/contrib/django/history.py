@@ -32,13 +32,19 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone as dj_timezone
 
-from celery_zsched.errors import redis_unavailable
+from celery_zsched.contrib.django.audit import drain_changes
+from celery_zsched.contrib.django.conf import get_django_settings, get_store
+from celery_zsched.contrib.django.models import (
+    MIRROR_FIELDS,
+    ZSchedJob,
+    ZSchedRun,
+    mirror_values,
+    to_db_datetime,
+)
+from celery_zsched.contrib.django.sync import IN_CHUNK, batched
+from celery_zsched.core import stream_ids
 from celery_zsched.store import Store
-
-from .audit import drain_changes
-from .conf import get_django_settings, get_store
-from .models import MIRROR_FIELDS, ZSchedJob, ZSchedRun, mirror_values, to_db_datetime
-from .sync import IN_CHUNK, batched
+from celery_zsched.store.errors import redis_unavailable
 
 logger = logging.getLogger("celery_zsched.django")
 
@@ -83,7 +89,7 @@ def drain(max_items: int = 100_000, *, batch: int = BATCH, prune: bool = True) -
 
     The audit trail's new entries are copied into the change history as well.
     Then, with ``prune``, delete history older than ``CELERY_ZSCHED_HISTORY_DAYS``.
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Raises :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     started = time.perf_counter()
     store = get_store()
@@ -158,7 +164,7 @@ def run_from_event(stream_id: str, fields: Mapping[str, str]) -> ZSchedRun:
         data = {}
     if not isinstance(data, dict):
         data = {}
-    settled = _int(fields.get("at")) or _int(stream_id.rpartition("/")[2].partition("-")[0])
+    settled = _int(fields.get("at")) or stream_ids.millis(stream_id)
     try:
         return ZSchedRun(
             job_id=fields.get("id", ""),

@@ -8,9 +8,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from celery_zsched.errors import StoreUnavailable
-
-from .conf import get_store
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.core.errors import StoreUnavailable
 
 #: Dead letters the filter reads (the newest first). Dead letters pile up only
 #: from crashed executions, and the Dead letters page acts on any number.

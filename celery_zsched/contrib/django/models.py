@@ -22,16 +22,16 @@ from django.db import models, router, transaction
 from django.utils import timezone as dj_timezone
 from django.utils.hashable import make_hashable
 
-from celery_zsched.errors import ValidationError
-from celery_zsched.job import Defaults, Job
-from celery_zsched.state import RuntimeState
-from celery_zsched.timing import ms_to_dt
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.job import Defaults, Job
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.core.timing import ms_to_dt
 
-#: Core :class:`~celery_zsched.job.Job` field -> model field, where the names differ.
+#: Core :class:`~celery_zsched.core.job.Job` field -> model field, where the names differ.
 CORE_TO_MODEL: dict[str, str] = {"id": "job_id"}
 MODEL_TO_CORE: dict[str, str] = {model: core for core, model in CORE_TO_MODEL.items()}
 
-#: Definition fields, in the order of :class:`~celery_zsched.job.Job`.
+#: Definition fields, in the order of :class:`~celery_zsched.core.job.Job`.
 DEFINITION_FIELDS: tuple[str, ...] = (
     "job_id", "name", "task", "url", "meta", "args", "kwargs", "interval_s", "cron",
     "timezone", "day_rule", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
@@ -150,7 +150,7 @@ class DayRule(models.TextChoices):
 
 
 class Transport(models.TextChoices):
-    """Who runs a job (:data:`celery_zsched.job.TRANSPORTS`)."""
+    """Who runs a job (:data:`celery_zsched.core.job.TRANSPORTS`)."""
 
     CELERY = "celery", "Celery (beat publishes it)"
     HTTP = "http", "HTTP (workers in any language, through the job gateway)"
@@ -278,13 +278,13 @@ class ZSchedJob(models.Model):
         return data
 
     def to_job(self, defaults: Defaults | None = None) -> Job:
-        """The core :class:`~celery_zsched.job.Job`, validated by ``Job.from_dict``.
+        """The core :class:`~celery_zsched.core.job.Job`, validated by ``Job.from_dict``.
 
-        Raises :class:`celery_zsched.errors.ValidationError` naming the core field.
+        Raises :class:`celery_zsched.core.errors.ValidationError` naming the core field.
         ``defaults`` come from the Django settings when not given.
         """
         if defaults is None:
-            from .conf import get_defaults
+            from celery_zsched.contrib.django.conf import get_defaults
 
             defaults = get_defaults()
         return Job.from_dict(self.definition(), defaults)
@@ -522,7 +522,7 @@ class ZSchedRun(models.Model):
 
 
 class ChangeAction(models.TextChoices):
-    """What a recorded change did (:data:`celery_zsched.audit.ACTIONS`)."""
+    """What a recorded change did (:data:`celery_zsched.core.audit.ACTIONS`)."""
 
     CREATE = "create", "Created"
     EDIT = "edit", "Edited"
@@ -536,7 +536,7 @@ class ChangeAction(models.TextChoices):
 
 
 class ActorKind(models.TextChoices):
-    """Who made a change (:data:`celery_zsched.audit.ACTOR_KINDS`)."""
+    """Who made a change (:data:`celery_zsched.core.audit.ACTOR_KINDS`)."""
 
     ADMIN = "admin", "Admin user"
     CLI = "cli", "Command line"

@@ -7,7 +7,7 @@ ways:
 * a filtered list of at most :data:`DIRECT_MAX` rows reads the due time of
   each of its ids (one ZMSCORE per partition and 500 ids) and sorts them;
 * a longer list walks the schedule sorted sets in due order
-  (:func:`celery_zsched.due_order.iter_due`) and keeps the ids the filtered
+  (:func:`celery_zsched.store.due_order.iter_due`) and keeps the ids the filtered
   queryset holds, one SQL ``IN`` query per chunk of ids. Page *n* costs about
   *n* pages of walking: the first page is one chunk. A walk stops after
   :data:`WALK_MAX` schedule entries, so a filter that matches few scheduled
@@ -27,10 +27,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from celery_zsched.due_order import CHUNK, due_times, iter_due
-
-from .conf import get_store
-from .models import ZSchedJob
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.store.due_order import CHUNK, due_times, iter_due
 
 #: Filtered lists up to this many rows are sorted from their own ids' due times.
 DIRECT_MAX = 10_000
@@ -103,7 +102,7 @@ def next_run_page(queryset: QuerySet[ZSchedJob], offset: int, limit: int, *,
     """Rows ``offset`` .. ``offset + limit`` of ``queryset`` sorted by next run.
 
     ``count``: the queryset's row count when known (the changelist has it).
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Raises :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     if count is not None:
         # No walking on for rows that are not there.

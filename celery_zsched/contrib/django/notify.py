@@ -12,7 +12,7 @@ from django.conf import settings as django_settings
 from django.core.mail import mail_admins
 
 from celery_zsched.config import SETTING_PREFIX
-from celery_zsched.errors import ConfigurationError
+from celery_zsched.core.errors import ConfigurationError
 from celery_zsched.notify import Message
 
 #: How many held notices a digest mail lists one by one.

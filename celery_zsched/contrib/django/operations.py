@@ -13,12 +13,11 @@ from typing import Any, NamedTuple
 from django.db import transaction
 from django.db.models import QuerySet
 
-from celery_zsched.audit import Actor
-from celery_zsched.errors import StoreUnavailable
-
-from . import audit, outbox
-from .conf import get_store
-from .models import ZSchedJob
+from celery_zsched.contrib.django import audit, outbox
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import StoreUnavailable
 
 #: action name -> (Store method, past tense for the message, DB columns to set).
 OPERATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -55,7 +54,7 @@ def apply_operation(operation: str, queryset: QuerySet[ZSchedJob], *, by: Actor 
     back (``pending`` counts them). Run now and reset failures change only
     Redis state (and the runtime mirror): Redis goes first, one Store pipeline,
     and if it is down the operation fails as a whole
-    (:class:`~celery_zsched.errors.StoreUnavailable`), the database untouched.
+    (:class:`~celery_zsched.core.errors.StoreUnavailable`), the database untouched.
     """
     started = time.perf_counter()
     method, _, columns = OPERATIONS[operation]

@@ -51,14 +51,18 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone as dj_timezone
 
-from celery_zsched.audit import Actor
-from celery_zsched.errors import StoreUnavailable, ValidationError
-from celery_zsched.job import Job
+from celery_zsched.contrib.django.conf import (
+    DjangoSettings,
+    get_defaults,
+    get_django_settings,
+    get_store,
+)
+from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
+from celery_zsched.contrib.django.sync import IN_CHUNK, batched
+from celery_zsched.core.audit import Actor
+from celery_zsched.core.errors import StoreUnavailable, ValidationError
+from celery_zsched.core.job import Job
 from celery_zsched.store import Store
-
-from .conf import DjangoSettings, get_defaults, get_django_settings, get_store
-from .models import ZSchedJob, ZSchedOutbox
-from .sync import IN_CHUNK, batched
 
 logger = logging.getLogger("celery_zsched.django")
 

@@ -21,9 +21,9 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from . import outbox
-from .models import ZSchedJob, ZSchedOutbox
-from .readonly import JobRecordsReadOnly
+from celery_zsched.contrib.django import outbox
+from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
+from celery_zsched.contrib.django.readonly import JobRecordsReadOnly
 
 
 def _can_change_jobs(request: HttpRequest) -> bool:

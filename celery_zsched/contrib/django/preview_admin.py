@@ -3,7 +3,7 @@ endpoint the add and change forms call as the timing fields are edited.
 
 The endpoint (``.../zschedjob/preview/?cron=...&timezone=...``) validates the
 timing with :meth:`Job.from_dict`, as saving would, and answers the fires of
-:mod:`celery_zsched.preview` and the timing in plain words, or the field
+:mod:`celery_zsched.services.preview` and the timing in plain words, or the field
 errors. It reads the local clock, not Redis: a form being typed into should
 not need the store, and a preview of unsaved timing has no stored due time to
 read anyway. Guarded by the job admin's view permission, as the Domains pages
@@ -23,13 +23,12 @@ from django.utils import timezone as dj_timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from celery_zsched.errors import ValidationError
-from celery_zsched.job import Job
-from celery_zsched.preview import Preview, preview
-
-from .conf import get_defaults, get_settings
-from .models import model_field_for
-from .words import job_in_words
+from celery_zsched.contrib.django.conf import get_defaults, get_settings
+from celery_zsched.contrib.django.models import model_field_for
+from celery_zsched.contrib.django.words import job_in_words
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.job import Job
+from celery_zsched.services.preview import Preview, preview
 
 #: Fires the change page and the live preview show.
 COUNT = 10

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from .models import ZSchedJob
+from celery_zsched.contrib.django.models import ZSchedJob
 
 
 def can_view_jobs(request: HttpRequest) -> bool:

@@ -14,8 +14,8 @@ from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from .admin_times import zoned
-from .models import ZSchedRun
+from celery_zsched.contrib.django.admin_times import zoned
+from celery_zsched.contrib.django.models import ZSchedRun
 
 #: What the two delays mean, under the list and in the README.
 DELAYS_HELP = ("Wait: picked up minus scheduled (task start minus due time), all the delay "

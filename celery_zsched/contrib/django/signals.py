@@ -21,10 +21,9 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from celery_zsched.errors import ValidationError
-
-from . import audit, outbox
-from .models import DEFINITION_FIELDS, ZSchedJob
+from celery_zsched.contrib.django import audit, outbox
+from celery_zsched.contrib.django.models import DEFINITION_FIELDS, ZSchedJob
+from celery_zsched.core.errors import ValidationError
 
 logger = logging.getLogger("celery_zsched.django")
 

@@ -12,8 +12,14 @@ import io
 
 from django.db import router, transaction
 
-from celery_zsched.errors import ValidationError
-from celery_zsched.sources import (
+from celery_zsched.contrib.django import outbox
+from celery_zsched.contrib.django.bulk import _create, _update
+from celery_zsched.contrib.django.conf import get_defaults, get_store
+from celery_zsched.contrib.django.models import ZSchedJob
+from celery_zsched.contrib.django.progress import Progress
+from celery_zsched.contrib.django.sync import existing_ids
+from celery_zsched.core.errors import ValidationError
+from celery_zsched.services.sources import (
     DJANGO_CELERY_BEAT,
     REDBEAT,
     REDBEAT_DEFAULT_PREFIX,
@@ -27,13 +33,6 @@ from celery_zsched.sources import (
     source_actor,
 )
 
-from . import outbox
-from .bulk import _create, _update
-from .conf import get_defaults, get_store
-from .models import ZSchedJob
-from .progress import Progress
-from .sync import existing_ids
-
 #: ``--from`` values of ``zsched_import``.
 SOURCES = (DJANGO_CELERY_BEAT, REDBEAT)
 #: Job fields stored in a length-limited column.
@@ -45,7 +44,7 @@ def read_source(source: str, *, redbeat_prefix: str | None = None,
     """Read ``source`` (one of :data:`SOURCES`) with this project's defaults."""
     defaults = get_defaults()
     if source == DJANGO_CELERY_BEAT:
-        from .dcb_source import read_periodic_tasks
+        from celery_zsched.contrib.django.dcb_source import read_periodic_tasks
 
         return read_periodic_tasks(defaults)
     if source == REDBEAT:
@@ -83,10 +82,10 @@ def import_source(read: SourceRead, *, dry_run: bool = False, skip_invalid: bool
     """Write ``read``'s jobs as rows (created, or updated when different), then Redis.
 
     An entry that cannot be moved raises
-    :class:`~celery_zsched.errors.ImportValidationError` before anything is
+    :class:`~celery_zsched.core.errors.ImportValidationError` before anything is
     written, unless ``skip_invalid`` leaves it out. ``dry_run`` reports and
     writes nothing. Redis is read before the database is written; if it fails
-    after the commit, :class:`~celery_zsched.errors.StoreUnavailable`
+    after the commit, :class:`~celery_zsched.core.errors.StoreUnavailable`
     propagates, and running the import again completes Redis with the same
     first runs.
     """

@@ -11,12 +11,11 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone as dj_timezone
 
-from celery_zsched.errors import redis_unavailable
+from celery_zsched.contrib.django import outbox
+from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
 from celery_zsched.store import Store
-
-from . import outbox
-from .conf import get_store
-from .models import ZSchedJob, ZSchedRun
+from celery_zsched.store.errors import redis_unavailable
 
 #: Most recent runs (or stream entries) the percentiles are computed from.
 SAMPLE = 100_000
@@ -57,7 +56,7 @@ def collect(window_minutes: int = 60, dead_sample: int = 10) -> dict[str, Any]:
       dead-lettered, the oldest one's age) and a warning past
       ``zsched_outbox_warn_s`` (see :func:`.outbox.status`).
 
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Raises :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     store = get_store()
     pending = outbox.status()

@@ -20,14 +20,13 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from celery_zsched.audit import Actor, local_user
-from celery_zsched.errors import JobNotFound, ValidationError
-from celery_zsched.job import Defaults, Job
+from celery_zsched.contrib.django.conf import get_defaults, get_store
+from celery_zsched.contrib.django.models import MIRROR_FIELDS, ZSchedJob
+from celery_zsched.contrib.django.progress import Progress
+from celery_zsched.core.audit import Actor, local_user
+from celery_zsched.core.errors import JobNotFound, ValidationError
+from celery_zsched.core.job import Defaults, Job
 from celery_zsched.store import Store
-
-from .conf import get_defaults, get_store
-from .models import MIRROR_FIELDS, ZSchedJob
-from .progress import Progress
 
 logger = logging.getLogger("celery_zsched.django")
 
@@ -114,7 +113,7 @@ def push_pks(pks: Sequence[int], *, stagger: bool = True,
 
     Rows are read 900 at a time; first runs of new jobs are staggered over all
     of them. Each is pushed at its ``version``. Invalid rows are skipped (and logged). Raises
-    :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     defaults = get_defaults()
     invalid: list[str] = []
@@ -212,7 +211,7 @@ def reconcile(*, dry_run: bool = False, prune: bool = True, chunk_size: int = CH
     none: the outbox delivers every change. With ``dry_run`` nothing is
     written, to Redis or the database; the report tells what would change.
     Memory holds one chunk plus the primary keys of the rows to push.
-    Raises :class:`~celery_zsched.errors.StoreUnavailable` if Redis is down.
+    Raises :class:`~celery_zsched.core.errors.StoreUnavailable` if Redis is down.
     """
     started = time.perf_counter()
     report = ReconcileReport(dry_run=dry_run)

@@ -26,7 +26,7 @@ from celery import shared_task
 @shared_task(name="celery_zsched.contrib.django.tasks.reconcile", ignore_result=True)
 def reconcile(dry_run: bool = False, prune: bool = True) -> dict[str, Any]:
     """Bring Redis in line with the database (see :func:`..sync.reconcile`)."""
-    from .sync import reconcile as run
+    from celery_zsched.contrib.django.sync import reconcile as run
 
     return run(dry_run=dry_run, prune=prune).as_dict()
 
@@ -34,6 +34,6 @@ def reconcile(dry_run: bool = False, prune: bool = True) -> dict[str, Any]:
 @shared_task(name="celery_zsched.contrib.django.tasks.drain_history", ignore_result=True)
 def drain_history(max_items: int = 100_000) -> dict[str, Any]:
     """Copy settle events into run history and prune it (see :func:`..history.drain`)."""
-    from .history import drain
+    from celery_zsched.contrib.django.history import drain
 
     return drain(max_items).as_dict()

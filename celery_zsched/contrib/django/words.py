@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from zoneinfo import ZoneInfo
 
-from celery_zsched.job import Job
-from celery_zsched.timing import ms_to_dt
+from celery_zsched.core.job import Job
+from celery_zsched.core.timing import ms_to_dt
 
 
 def every(seconds: float) -> str:

@@ -19,9 +19,8 @@ import pytest
 
 from celery_zsched.config import Settings
 from celery_zsched.store import Store
+from e2e.conftest import Deployment
 from tests.cluster import LocalCluster, local_cluster
-
-from ..conftest import Deployment
 
 #: Partitions of every store here: four per master on average.
 CLUSTER_PARTITIONS = 12

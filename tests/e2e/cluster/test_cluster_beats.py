@@ -8,13 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
-from celery_zsched.keys import partition_of
 from celery_zsched.store import task_id_for
+from celery_zsched.store.keys import partition_of
+from e2e.cluster.conftest import CLUSTER_PARTITIONS
+from e2e.conftest import Deployment, TargetServer, log_events
+from e2e.test_two_beats import broker_messages, promoted
 from tests.cluster import LocalCluster
-
-from ..conftest import Deployment, TargetServer, log_events
-from ..test_two_beats import broker_messages, promoted
-from .conftest import CLUSTER_PARTITIONS
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from celery_zsched.keys import partition_of
+from celery_zsched.store.keys import partition_of
+from e2e.cluster.conftest import CLUSTER_PARTITIONS, unique_prefix
 from tests.cluster import LocalCluster
-
-from .conftest import CLUSTER_PARTITIONS, unique_prefix
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,11 +16,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from celery_zsched.keys import partition_of
+from celery_zsched.store.keys import partition_of
+from e2e.cluster.conftest import CLUSTER_PARTITIONS
+from e2e.conftest import Deployment, TargetServer, log_events
 from tests.cluster import LocalCluster
-
-from ..conftest import Deployment, TargetServer, log_events
-from .conftest import CLUSTER_PARTITIONS
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from celery_zsched.keys import partition_of
 from celery_zsched.store import Store
+from celery_zsched.store.keys import partition_of
+from e2e.cluster.conftest import CLUSTER_PARTITIONS
+from e2e.conftest import REPO_ROOT
 from tests.cluster import LocalCluster
-
-from ..conftest import REPO_ROOT
-from .conftest import CLUSTER_PARTITIONS
 
 pytestmark = pytest.mark.slow
 

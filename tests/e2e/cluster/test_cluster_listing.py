@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from celery_zsched.listing import JobFilter
 from celery_zsched.store import Store
+from celery_zsched.store.listing import JobFilter
 from tests.test_listing import brute_force, finish_rehash, fleet, walk, walked_ids
 
 pytestmark = pytest.mark.slow

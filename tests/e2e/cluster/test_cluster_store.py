@@ -13,15 +13,14 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from celery_zsched.importer import write_rows
-from celery_zsched.job import Job
-from celery_zsched.keys import Keys, partition_of
-from celery_zsched.repartition import repartition
+from celery_zsched.core.job import Job
+from celery_zsched.core.rows import write_rows
 from celery_zsched.store import Store
+from celery_zsched.store.keys import Keys, partition_of
+from celery_zsched.store.repartition import repartition
+from e2e.cluster.conftest import CLUSTER_PARTITIONS
 from tests.cluster import LocalCluster
 from tests.test_repartition import records
-
-from .conftest import CLUSTER_PARTITIONS
 
 
 def jobs(count: int, **fields: object) -> list[Job]:

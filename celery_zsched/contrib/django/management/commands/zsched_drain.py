@@ -6,9 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_zsched.errors import ZSchedError
-
-from ...history import drain
+from celery_zsched.contrib.django.history import drain
+from celery_zsched.core.errors import ZSchedError
 
 
 class Command(BaseCommand):

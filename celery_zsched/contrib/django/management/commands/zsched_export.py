@@ -7,10 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_zsched.errors import ZSchedError
-from celery_zsched.importer import FORMATS, detect_format
-
-from ...bulk import export_jobs
+from celery_zsched.contrib.django.bulk import export_jobs
+from celery_zsched.core.errors import ZSchedError
+from celery_zsched.core.formats import FORMATS, detect_format
 
 
 class Command(BaseCommand):

@@ -11,13 +11,12 @@ from typing import Any
 import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_zsched.errors import ImportValidationError, StoreUnavailable, ZSchedError
-from celery_zsched.importer import FORMATS
-from celery_zsched.sources import SwitchPlan
-
-from ...bulk import ImportSummary, import_jobs
-from ...progress import Progress
-from ...source_import import SOURCES, import_source, read_source
+from celery_zsched.contrib.django.bulk import ImportSummary, import_jobs
+from celery_zsched.contrib.django.progress import Progress
+from celery_zsched.contrib.django.source_import import SOURCES, import_source, read_source
+from celery_zsched.core.errors import ImportValidationError, StoreUnavailable, ZSchedError
+from celery_zsched.core.formats import FORMATS
+from celery_zsched.services.sources import SwitchPlan
 
 
 class Command(BaseCommand):

@@ -7,10 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_zsched.errors import ZSchedError
-
-from ...outbox import status
-from ...stats import collect, lines, outbox_lines
+from celery_zsched.contrib.django.outbox import status
+from celery_zsched.contrib.django.stats import collect, lines, outbox_lines
+from celery_zsched.core.errors import ZSchedError
 
 
 class Command(BaseCommand):

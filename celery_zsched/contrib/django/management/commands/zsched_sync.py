@@ -6,10 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_zsched.errors import ZSchedError
-
-from ...progress import Progress
-from ...sync import reconcile
+from celery_zsched.contrib.django.progress import Progress
+from celery_zsched.contrib.django.sync import reconcile
+from celery_zsched.core.errors import ZSchedError
 
 
 class Command(BaseCommand):

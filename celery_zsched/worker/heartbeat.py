@@ -1,0 +1,163 @@
+"""One heartbeat thread per worker process: execution leases, held messages, liveness.
+
+A started occurrence holds a short execution lease (``zsched_lease_s``). The
+process running it extends every lease it holds each ``heartbeat_s`` (a third
+of the lease) in one script call, so a task may run any length of time while
+its worker lives, and a worker that dies is noticed one lease later. Each
+lease is named by the fence its start returned, so a process whose lease
+lapsed while it stalled cannot extend the lease of the worker that runs the
+occurrence now.
+
+The worker's main process also holds the messages it received and has not
+started (its prefetch, countdowns it waits out), under the same lease, kept
+alive by the same beats: when the worker dies, the reaper republishes what it
+held one lease later, instead of after the broker's visibility timeout. A
+message taken less than a beat before the death has no hold yet: on a Redis
+broker beat finds it in the broker's unacked index a lease later
+(:mod:`celery_zsched.beat.unacked`). Holding costs no round trip of its own. And
+the worker records itself as alive, which is what tells the reaper that a
+message past its delivery deadline was lost rather than only waiting for
+workers to come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.store import Held, Store
+
+logger = logging.getLogger("celery_zsched")
+
+
+class Heartbeat:
+    """Extends the leases of what this process runs; holds what it received; beats as a worker."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.worker = ""
+        self.queues: tuple[str, ...] = ()
+        #: The name holds are recorded under, before the worker announced itself.
+        self.holder = ""
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[int, int, int | None]] = {}
+        # Keyed by the worker's request object: a message that is done (run,
+        # dropped or rejected) is no longer referenced, and so no longer held.
+        self._held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
+        self._thread: threading.Thread | None = None
+
+    def track(self, job_id: str, occurrence: int, attempt: int,
+              fence: int | None = None) -> None:
+        """Keep this occurrence's lease alive until :meth:`untrack` (``fence``: its start's)."""
+        with self._lock:
+            self._running[job_id] = (occurrence, attempt, fence)
+        self._ensure_thread()
+
+    def untrack(self, job_id: str, occurrence: int, attempt: int) -> None:
+        """Stop extending this occurrence's lease (it settled or retries)."""
+        with self._lock:
+            if self._running.get(job_id, (None, None))[:2] == (occurrence, attempt):
+                del self._running[job_id]
+
+    def running(self) -> list[tuple[str, int, int] | tuple[str, int, int, int]]:
+        """The occurrences being kept alive, as (id, occurrence, attempt[, fence])."""
+        with self._lock:
+            return [(job_id, o, a) if f is None else (job_id, o, a, f)
+                    for job_id, (o, a, f) in self._running.items()]
+
+    def hold(self, request: Any, row: Held, holder: str) -> None:
+        """Hold the message of ``request`` (id, occurrence, attempt, delivery, task) for as
+        long as the request object lives, from the next beat on."""
+        with self._lock:
+            self._held[request] = row
+            self.holder = self.holder or holder
+        self._ensure_thread()
+
+    def unhold(self, job_id: str) -> None:
+        """This process started (or dropped) ``job_id``'s message: it holds it no more."""
+        with self._lock:
+            for request, row in list(self._held.items()):
+                if row[0] == job_id:
+                    del self._held[request]
+
+    def held(self) -> list[Held]:
+        """The messages this process holds, unstarted."""
+        with self._lock:
+            return list(self._held.values())
+
+    def announce(self, worker: str, queues: tuple[str, ...] = ()) -> None:
+        """Record ``worker`` and the ``queues`` it consumes as alive on every beat, from now."""
+        self.worker, self.queues = worker, queues
+        self.beat()
+        self._ensure_thread()
+
+    def retire(self) -> None:
+        """Stop announcing the worker (clean shutdown); running leases are still kept."""
+        worker, self.worker, self.queues = self.worker, "", ()
+        if worker:
+            try:
+                self.store.forget_worker(worker)
+            except StoreUnavailable as exc:
+                logger.warning("zsched: could not deregister worker %s: %s", worker, exc)
+
+    def beat(self) -> None:
+        """One heartbeat now: extend every lease held and every hold, drop what moved on."""
+        running, held = self.running(), self.held()
+        if not running and not held and not self.worker:
+            return
+        try:
+            gone, unheld = self.store.beat(running, held, self.worker or self.holder,
+                                           self.queues)
+        except StoreUnavailable as exc:
+            logger.warning("zsched: heartbeat failed (%s); %d leases and %d holds may run out",
+                           exc, len(running), len(held))
+            return
+        by_id = {row[0]: row for row in running}
+        for job_id in gone:
+            self.untrack(job_id, by_id[job_id][1], by_id[job_id][2])
+        for job_id in unheld:
+            self.unhold(job_id)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._loop, name="zsched-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        interval = self.store.settings.heartbeat_s
+        while True:
+            time.sleep(interval)
+            try:
+                self.beat()
+            except Exception:  # the thread must outlive any one bad beat
+                logger.exception("zsched: heartbeat error")
+
+
+_lock = threading.Lock()
+_beats: dict[int, Heartbeat] = {}
+
+
+def heartbeat_for(app: Any, store: Store) -> Heartbeat:
+    """The heartbeat of this process for ``app`` (created on first use)."""
+    with _lock:
+        beat = _beats.get(id(app))
+        if beat is None:
+            beat = _beats[id(app)] = Heartbeat(store)
+        return beat
+
+
+def _forget_after_fork() -> None:
+    # A forked pool child inherits the parent's tracking but not its thread,
+    # and must never announce the parent's worker name: start afresh.
+    global _lock
+    _lock = threading.Lock()
+    _beats.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
