@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from click.testing import Result
 
-from celery_zsched.cli import _option_of, add
+from celery_zsched.cli.helpers import option_of
+from celery_zsched.cli.jobs import add
 from celery_zsched.core.formats import COLUMNS
 from celery_zsched.store import Store
 from tests.cli_env import cli_prefix, invoke
@@ -33,7 +34,7 @@ def zstore(make_store: Callable[..., Store], prefix: str) -> Store:
 
 def test_every_import_column_has_an_add_option() -> None:
     options = {opt for param in add.params for opt in param.opts}
-    missing = [column for column in COLUMNS if _option_of(column) not in options]
+    missing = [column for column in COLUMNS if option_of(column) not in options]
     assert missing == [], f"import columns without a `zsched add` option: {missing}"
 
 

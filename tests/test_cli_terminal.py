@@ -21,8 +21,7 @@ from pathlib import Path
 import click
 import pytest
 
-from celery_zsched import cli
-from celery_zsched.cli import zsched
+from celery_zsched.cli import helpers, zsched
 from celery_zsched.store import Store
 from tests.cli_env import APP, ROOT, cli_prefix, invoke
 from tests.dead_letters import dead_job, kill
@@ -105,7 +104,7 @@ def test_a_command_on_a_terminal_escapes_stored_control_characters(
     case = CASES[command]
     if isinstance(case, str):
         pytest.skip(case)
-    monkeypatch.setattr(cli, "_on_tty", lambda err=False: True)
+    monkeypatch.setattr(helpers, "on_tty", lambda err=False: True)
     args = [a.format(**hostile) for a in case]
     result = invoke(*command.split(), *args)
     assert result.exit_code in (0, 65), result.output  # 65: the file's bad row
@@ -116,7 +115,7 @@ def test_a_command_on_a_terminal_escapes_stored_control_characters(
 @pytest.mark.parametrize("command", ["dead list", "dead show", "show", "history", "export"])
 def test_commands_that_print_stored_text_show_it_escaped(
         command: str, hostile: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "_on_tty", lambda err=False: True)
+    monkeypatch.setattr(helpers, "on_tty", lambda err=False: True)
     case = CASES[command]
     assert isinstance(case, list)
     result = invoke(*command.split(), *[a.format(**hostile) for a in case])

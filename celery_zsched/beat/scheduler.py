@@ -14,7 +14,6 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from celery_zsched import notify
 from celery_zsched.beat.publish import publish_batch, routing_options
 from celery_zsched.beat.unacked import UnackedSweep
 from celery_zsched.beat.visits import Visits
@@ -24,10 +23,10 @@ from celery_zsched.core.errors import BrokerUnavailable, StoreUnavailable
 from celery_zsched.core.job import Defaults
 from celery_zsched.core.results import merge_batches
 from celery_zsched.core.telemetry import log_event
-from celery_zsched.metrics import BeatMetrics
-from celery_zsched.services import signals
+from celery_zsched.services import extensions, signals
 from celery_zsched.services.appstore import app_timezone
 from celery_zsched.services.beat_entries import job_from_entry
+from celery_zsched.services.extensions import BeatObserver
 from celery_zsched.store import Claimed, Store
 
 logger = logging.getLogger("celery_zsched")
@@ -82,9 +81,10 @@ class ZSchedScheduler(Scheduler):
         return UnackedSweep(self.app, self.store)
 
     @cached_property
-    def metrics(self) -> BeatMetrics:
-        """Prometheus metrics (``zsched_metrics_port``); a no-op when off."""
-        return BeatMetrics.for_settings(self.settings)
+    def metrics(self) -> BeatObserver:
+        """What observes the ticks (the metrics, with ``zsched_metrics_port``); a no-op
+        when nothing does."""
+        return extensions.beat_observer(self.settings)
 
     @cached_property
     def beat_name(self) -> str:
@@ -94,7 +94,7 @@ class ZSchedScheduler(Scheduler):
     def setup_schedule(self) -> None:
         """Import ``beat_schedule`` into the store (retried from ``tick`` if Redis is down),
         and connect the notifiers the settings switch on."""
-        notify.install(self.app)
+        extensions.start(self.app, "beat")
         self.sync_static()
 
     def sync_static(self) -> bool:
@@ -271,7 +271,7 @@ class ZSchedScheduler(Scheduler):
 
     def close(self) -> None:
         super().close()
-        notify.close_all()
+        extensions.stop("beat")
         if "unacked" in self.__dict__:
             self.unacked.close()
         if "store" in self.__dict__:

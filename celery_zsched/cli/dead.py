@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from celery_zsched.cli import EX_NOT_FOUND, NOTE, _echo, _errors, _fail, _store
+from celery_zsched.cli.helpers import EX_NOT_FOUND, NOTE, echo, fail, handles_errors, store_of
 from celery_zsched.core.audit import Actor
 from celery_zsched.store import Store, dead
 from celery_zsched.store.dead import DeadLetter
@@ -65,41 +65,41 @@ def dead_group() -> None:
               help="Dead letters to show, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_errors
+@handles_errors
 def list_(ctx: click.Context, limit: int, as_json: bool) -> None:
     """The newest dead letters: job, time of death, deliveries, last error."""
-    store = _store(ctx)
+    store = store_of(ctx)
     letters, now, total = dead.latest(store, limit), store.now_ms(), dead.count(store)
     if as_json:
-        _echo(ctx, json.dumps([_row(d, now) for d in letters], indent=2, ensure_ascii=False))
+        echo(ctx, json.dumps([_row(d, now) for d in letters], indent=2, ensure_ascii=False))
         return
     if not letters:
-        _echo(ctx, "no dead letters")
+        echo(ctx, "no dead letters")
         return
     for line in _table(letters, now):
-        _echo(ctx, line)
+        echo(ctx, line)
     if total > len(letters):
-        _echo(ctx, f"... {total - len(letters)} more (--limit)")
+        echo(ctx, f"... {total - len(letters)} more (--limit)")
 
 
 @dead_group.command()
 @click.argument("job_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_errors
+@handles_errors
 def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """One dead letter, with its whole last error."""
-    store = _store(ctx)
+    store = store_of(ctx)
     letter = dead.lookup(store, [job_id])[0]
     if letter is None:
-        _fail(f"{job_id} is not dead-lettered", EX_NOT_FOUND)
+        fail(f"{job_id} is not dead-lettered", EX_NOT_FOUND)
     row = _row(letter, store.now_ms())
     if as_json:
-        _echo(ctx, json.dumps(row, indent=2, ensure_ascii=False))
+        echo(ctx, json.dumps(row, indent=2, ensure_ascii=False))
         return
     row["died_at"] = f"{row.pop('died_at')} ({row.pop('died_ago')})"
     for key, value in row.items():
-        _echo(ctx, f"{key + ':':<12} {'-' if value is None else value}")
+        echo(ctx, f"{key + ':':<12} {'-' if value is None else value}")
 
 
 def _selection(store: Store, ids: tuple[str, ...], every: bool) -> list[str]:
@@ -111,7 +111,7 @@ def _selection(store: Store, ids: tuple[str, ...], every: bool) -> list[str]:
     missing = [i for i, died in zip(ids, dead.died_at(store, ids), strict=True)
                if died is None]
     if missing:
-        _fail(f"not dead-lettered: {', '.join(missing)}; nothing changed", EX_NOT_FOUND)
+        fail(f"not dead-lettered: {', '.join(missing)}; nothing changed", EX_NOT_FOUND)
     return list(dict.fromkeys(ids))
 
 
@@ -124,14 +124,14 @@ _ALL = click.option("--all", "every", is_flag=True, help="Every dead letter.")
 @_ALL
 @NOTE
 @click.pass_context
-@_errors
+@handles_errors
 def requeue(ctx: click.Context, ids: tuple[str, ...], every: bool, note: str) -> None:
     """Make dead-lettered jobs due now, unpaused, with their crash, attempt and
     failure-streak counters reset (all-time failures and the last error stay)."""
-    store = _store(ctx)
+    store = store_of(ctx)
     chosen = _selection(store, ids, every)
     changed = store.requeue_dead(*chosen, by=Actor.cli(), note=note) if chosen else 0
-    _echo(ctx, f"requeued {changed} of {len(chosen)} dead letter(s); due now")
+    echo(ctx, f"requeued {changed} of {len(chosen)} dead letter(s); due now")
 
 
 @dead_group.command()
@@ -140,14 +140,14 @@ def requeue(ctx: click.Context, ids: tuple[str, ...], every: bool, note: str) ->
 @click.option("--yes", is_flag=True, help="Do not ask before purging --all.")
 @NOTE
 @click.pass_context
-@_errors
+@handles_errors
 def purge(ctx: click.Context, ids: tuple[str, ...], every: bool, yes: bool, note: str) -> None:
     """Drop dead letters; the jobs are kept, paused (`zsched resume` runs them again,
     `zsched delete` removes them)."""
-    store = _store(ctx)
+    store = store_of(ctx)
     chosen = _selection(store, ids, every)
     if every and chosen and not yes:
         click.confirm(f"purge all {len(chosen)} dead letter(s), pausing their jobs?",
                       abort=True)
     changed = store.purge_dead(*chosen, by=Actor.cli(), note=note) if chosen else 0
-    _echo(ctx, f"purged {changed} of {len(chosen)} dead letter(s); their jobs are paused")
+    echo(ctx, f"purged {changed} of {len(chosen)} dead letter(s); their jobs are paused")

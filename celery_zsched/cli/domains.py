@@ -18,7 +18,7 @@ import math
 
 import click
 
-from celery_zsched.cli import EX_DATAERR, _echo, _errors, _fail, _store
+from celery_zsched.cli.helpers import EX_DATAERR, echo, fail, handles_errors, store_of
 from celery_zsched.core import domain_table
 from celery_zsched.core.domains import normalise_domain
 from celery_zsched.core.errors import ValidationError, got
@@ -57,7 +57,7 @@ def _pacing_note(store: Store) -> None:
 @click.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_errors
+@handles_errors
 def domains(ctx: click.Context, as_json: bool) -> None:
     """Per-domain pacing: list the domains, or `set` / `reset` one.
 
@@ -67,17 +67,17 @@ def domains(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    store = _store(ctx)
+    store = store_of(ctx)
     infos = store.domains()
     _pacing_note(store)
     if as_json:
-        _echo(ctx, json.dumps([domain_table.as_json(i) for i in infos], indent=2))
+        echo(ctx, json.dumps([domain_table.as_json(i) for i in infos], indent=2))
         return
     if not infos:
-        _echo(ctx, "no domains yet: none has pacing state or an override")
+        echo(ctx, "no domains yet: none has pacing state or an override")
         return
     for line in domain_table.render(infos):
-        _echo(ctx, line)
+        echo(ctx, line)
 
 
 @domains.command("set")
@@ -89,43 +89,43 @@ def domains(ctx: click.Context, as_json: bool) -> None:
 @click.option("--adaptive/--no-adaptive", default=None,
               help="Raise the delay on 429s and lower it on successes (default: on).")
 @click.pass_context
-@_errors
+@handles_errors
 def set_(ctx: click.Context, host: str, delay: float | None, max_in_flight: int | None,
          adaptive: bool | None) -> None:
     """Override HOST's pacing; options not given keep their value."""
     if delay is None and max_in_flight is None and adaptive is None:
         raise click.UsageError("give at least one of --delay, --max-in-flight, "
                                "--adaptive/--no-adaptive")
-    store = _store(ctx)
+    store = store_of(ctx)
     try:
         info = store.set_domain(host, delay_s=delay, max_in_flight=max_in_flight,
                                 adaptive=adaptive)
     except ValidationError as exc:
         option = _OPTION_OF.get(exc.field, exc.field)
-        _fail(f"invalid {option}: {exc.message}{got(exc.value)}", EX_DATAERR)
+        fail(f"invalid {option}: {exc.message}{got(exc.value)}", EX_DATAERR)
     except ValueError as exc:  # the store's own checks, should they be plain ValueErrors
-        _fail(f"invalid value for {host}: {exc}", EX_DATAERR)
+        fail(f"invalid value for {host}: {exc}", EX_DATAERR)
     _pacing_note(store)
     for line in domain_table.render([info]):
-        _echo(ctx, line)
+        echo(ctx, line)
 
 
 @domains.command()
 @_HOST
 @click.pass_context
-@_errors
+@handles_errors
 def reset(ctx: click.Context, host: str) -> None:
     """Drop HOST's override and learned state (delay, gate, breaker, counts).
 
     Jobs of HOST in flight stay counted until they settle.
     """
-    changed = _store(ctx).reset_domain(host)
-    _echo(ctx, f"reset {host}" if changed else f"{host}: nothing to reset")
+    changed = store_of(ctx).reset_domain(host)
+    echo(ctx, f"reset {host}" if changed else f"{host}: nothing to reset")
 
 
 @domains.command()
 @click.pass_context
-@_errors
+@handles_errors
 def refresh(ctx: click.Context) -> None:
     """Teach every stored job its domain (after turning zsched_pacing on).
 
@@ -133,6 +133,6 @@ def refresh(ctx: click.Context) -> None:
     off (or before zsched_domain_registrable changed) are not paced until this
     runs or they are imported again. Schedules do not move.
     """
-    store = _store(ctx)
+    store = store_of(ctx)
     _pacing_note(store)
-    _echo(ctx, f"refreshed {store.refresh_domains()} jobs")
+    echo(ctx, f"refreshed {store.refresh_domains()} jobs")

@@ -10,7 +10,14 @@ from __future__ import annotations
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_zsched.cli import EX_CONFIG, EX_UNAVAILABLE, _echo, _errors, _fail, _store
+from celery_zsched.cli.helpers import (
+    EX_CONFIG,
+    EX_UNAVAILABLE,
+    echo,
+    fail,
+    handles_errors,
+    store_of,
+)
 
 
 @click.command(cls=CeleryCommand)
@@ -21,21 +28,21 @@ from celery_zsched.cli import EX_CONFIG, EX_UNAVAILABLE, _echo, _errors, _fail, 
 @click.option("--top-domains", type=click.IntRange(0), default=10, show_default=True,
               help="Per-domain series for at most this many throttled or open domains.")
 @click.pass_context
-@_errors
+@handles_errors
 def exporter(ctx: click.Context, port: int, addr: str, top_domains: int) -> None:
     """Serve Prometheus metrics read from Redis on each scrape, until interrupted."""
     try:
         from celery_zsched.metrics.exporter import serve  # prometheus_client is only needed here
     except ImportError as exc:
-        _fail(f"the exporter needs prometheus-client ({exc}): "
+        fail(f"the exporter needs prometheus-client ({exc}): "
               "pip install 'celery-zsched[metrics]'", EX_CONFIG)
 
-    store = _store(ctx)
+    store = store_of(ctx)
     try:
         server, thread = serve(store, port, addr, top_domains)
     except OSError as exc:
-        _fail(f"cannot listen on {addr}:{port}: {exc}", EX_UNAVAILABLE)
-    _echo(ctx, f"serving zsched metrics on http://{addr}:{port}/metrics (prefix "
+        fail(f"cannot listen on {addr}:{port}: {exc}", EX_UNAVAILABLE)
+    echo(ctx, f"serving zsched metrics on http://{addr}:{port}/metrics (prefix "
                f"{store.base.prefix}); Ctrl-C stops")
     try:
         # Redis being down is not fatal: each scrape says zsched_up 0 meanwhile.

@@ -14,7 +14,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_zsched.cli import _echo, _errors, _store
+from celery_zsched.cli.helpers import echo, handles_errors, store_of
 from celery_zsched.core.audit import Change
 from celery_zsched.core.errors import JobNotFound
 from celery_zsched.store import audit_log
@@ -53,24 +53,24 @@ def lines(change: Change) -> list[str]:
               show_default=True, help=f"How many changes to list (1-{MAX_CHANGES}).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (a list, newest first).")
 @click.pass_context
-@_errors
+@handles_errors
 def history(ctx: click.Context, job_id: str, count: int, as_json: bool) -> None:
     """The recorded changes of job ID, newest first: when (UTC and this host's
     local time), what (create, edit, pause, ...), who, the note and the field diff."""
-    store = _store(ctx)
+    store = store_of(ctx)
     changes = audit_log.history(store, job_id, count)
     if not changes and store.get_many([job_id]) == [None]:
         raise JobNotFound(job_id)
     if as_json:
-        _echo(ctx, json.dumps([c.as_dict() for c in changes], indent=2, ensure_ascii=False))
+        echo(ctx, json.dumps([c.as_dict() for c in changes], indent=2, ensure_ascii=False))
         return
     if not changes:
-        _echo(ctx, f"{job_id}: no recorded changes (zsched_audit_maxlen may be 0, or the "
+        echo(ctx, f"{job_id}: no recorded changes (zsched_audit_maxlen may be 0, or the "
                    "stream dropped them)")
         return
     for change in changes:
         for line in lines(change):
-            _echo(ctx, line)
+            echo(ctx, line)
 
 
 # Declared with its type: cli.py imports it while this module and cli.py form

@@ -13,7 +13,7 @@ import json
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_zsched.cli import _echo, _errors, _store
+from celery_zsched.cli.helpers import echo, handles_errors, store_of
 from celery_zsched.services.preview import Fire, Preview, preview_info
 
 #: Most fires one call lists: each cron fire costs a croniter step.
@@ -40,7 +40,7 @@ def _lines(result: Preview) -> list[str]:
               show_default=True, help=f"How many fire times to list (1-{MAX_FIRES}).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-@_errors
+@handles_errors
 def next_(ctx: click.Context, job_id: str, count: int, as_json: bool) -> None:
     """The next fire times of job ID, in its time zone and in UTC.
 
@@ -48,22 +48,22 @@ def next_(ctx: click.Context, job_id: str, count: int, as_json: bool) -> None:
     start_at, end_at, max_runs and pause; marks fires shifted by a DST gap or
     repeated in a DST fold.
     """
-    store = _store(ctx)
+    store = store_of(ctx)
     info = store.get(job_id)
     result = preview_info(info, store.now_ms(), count, store.settings)
     if as_json:
-        _echo(ctx, json.dumps({"id": job_id, "kind": info.job.kind,
+        echo(ctx, json.dumps({"id": job_id, "kind": info.job.kind,
                                "timezone": info.job.timezone, **result.to_dict()},
                               indent=2, ensure_ascii=False))
         return
     spec = info.job.cron or (f"every {info.job.interval_s:g}s" if info.job.interval_s
                              else "once")
-    _echo(ctx, f"{job_id}: {spec}, zone {info.job.timezone}, {result.status}")
+    echo(ctx, f"{job_id}: {spec}, zone {info.job.timezone}, {result.status}")
     if result.fires:
         for line in _lines(result):
-            _echo(ctx, line)
+            echo(ctx, line)
     if result.note:
-        _echo(ctx, result.note)
+        echo(ctx, result.note)
 
 
 # Declared with its type: cli.py imports it while this module and cli.py form

@@ -143,3 +143,15 @@ class BeatMetrics:
         """A tick that could not reach Redis or the broker."""
         if self.enabled:
             self.failures.inc()
+
+
+class _Extension:
+    """Beat's metrics as an extension: an observer of its ticks while
+    ``zsched_metrics_port`` is set (none otherwise: nothing is imported)."""
+
+    def beat_observer(self, settings: Settings) -> BeatMetrics | None:
+        return BeatMetrics.for_settings(settings) if settings.metrics_port else None
+
+
+#: Registered under the ``celery_zsched.extensions`` entry point group.
+EXTENSION = _Extension()

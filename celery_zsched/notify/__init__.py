@@ -28,12 +28,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from celery_zsched.config import SETTING_PREFIX, Settings, redact_url
 from celery_zsched.core.errors import ConfigurationError, StoreUnavailable
 from celery_zsched.core.results import NoticeGate
+from celery_zsched.services import extensions
 from celery_zsched.services.appstore import store_for_app
+from celery_zsched.services.notices import Message, Transport
 from celery_zsched.services.signals import SIGNALS, Event
 from celery_zsched.store import Store
 
@@ -54,50 +56,6 @@ EVENT_HEADER = "X-Zsched-Event"
 _FLUSH_SLACK_S = 0.05
 #: After Redis failed a flush, try again this much later.
 _FLUSH_RETRY_S = 5.0
-
-
-@dataclass(frozen=True)
-class Message:
-    """One delivery: a single notice, or the digest of a window."""
-
-    #: The signal's name, or ``digest``.
-    event: str
-    body: dict[str, Any]
-
-    @classmethod
-    def notice(cls, event: Event) -> Message:
-        """The message of one signal's event."""
-        return cls(event.event, event.to_dict())
-
-    @classmethod
-    def digest(cls, digest: dict[str, Any]) -> Message:
-        """The message of a claimed digest (``notify.lua``'s fields)."""
-        return cls("digest", {"event": "digest", **digest})
-
-    @property
-    def title(self) -> str:
-        """A one-line summary (a mail subject)."""
-        body = self.body
-        if self.event == "digest":
-            seconds = (body["end_ms"] - body["start_ms"]) / 1000
-            kinds = ", ".join(f"{n} {k}" for k, n in sorted(body["by_event"].items()))
-            return f"{body['count']} more notices in {seconds:g} s ({kinds})"
-        if self.event == "domain_breaker_opened":
-            return f"domain_breaker_opened: {body['domain']}"
-        return f"{self.event}: {body.get('name') or body.get('url') or body['job_id']}"
-
-    def to_json(self) -> bytes:
-        """The JSON body a webhook posts (compact, keys sorted)."""
-        return json.dumps(self.body, separators=(",", ":"), sort_keys=True).encode()
-
-
-class Transport(Protocol):
-    """Delivers a message, or raises."""
-
-    name: str
-
-    def send(self, message: Message) -> None:
-        """Deliver ``message``; raise when it could not be delivered."""
 
 
 def signature(secret: str | bytes, timestamp: str, body: bytes) -> str:
@@ -410,12 +368,12 @@ def transports_for(settings: Settings) -> list[Transport]:
         out.append(Webhook(settings.notify_webhook_url, settings.notify_webhook_secret,
                            settings.notify_webhook_timeout_s, settings.notify_webhook_retries))
     if settings.notify_mail:
+        # Registered by the Django app (an entry point): this package's core
+        # never imports Django.
         try:
-            from celery_zsched.contrib.django.notify import admin_mail
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"{SETTING_PREFIX}notify_mail needs Django (pip install "
-                f"'celery-zsched[django]'): {exc}") from exc
+            admin_mail = extensions.notify_transport("mail")
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{SETTING_PREFIX}notify_mail: {exc}") from exc
         out.append(admin_mail())
     return out
 
@@ -458,3 +416,18 @@ def close_all(timeout: float = FLUSH_WAIT_S) -> None:
         notifiers = list(_notifiers.values())
     for notifier in notifiers:
         notifier.close(max(0.0, deadline - time.monotonic()))
+
+
+class _Extension:
+    """The notifiers as an extension (:mod:`celery_zsched.services.extensions`): installed
+    where beat, a worker or ``zsched serve`` starts, flushed where each stops."""
+
+    def start(self, app: Any, role: str) -> None:
+        install(app)
+
+    def stop(self, role: str) -> None:
+        close_all()
+
+
+#: Registered under the ``celery_zsched.extensions`` entry point group.
+EXTENSION = _Extension()

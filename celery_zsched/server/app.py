@@ -17,8 +17,8 @@ from celery_zsched.server.auth import Tokens, require
 from celery_zsched.server.dispatcher import Dispatcher
 from celery_zsched.server.edge import BodyGuard, limits_for
 from celery_zsched.server.lease import LeaseSigner
-from celery_zsched.server.openapi import document
-from celery_zsched.server.writer import JobWriter, StoreWriter
+from celery_zsched.server.schema import document
+from celery_zsched.services.writer import JobWriter, StoreWriter
 from celery_zsched.store import Store
 
 #: Threads that run store calls (redis-py blocks). asyncio's default is

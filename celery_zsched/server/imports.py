@@ -33,7 +33,7 @@ from celery_zsched.server.bodies import too_large
 from celery_zsched.server.jobs import actor_of, store_of, writer_of
 from celery_zsched.server.problems import Problem, bad_field, invalid_job
 from celery_zsched.server.views import ImportResult
-from celery_zsched.server.writer import JobWriter
+from celery_zsched.services.writer import JobWriter
 from celery_zsched.store import Store
 
 router = APIRouter(prefix="/v1", tags=["jobs"])

@@ -35,7 +35,7 @@ from celery_zsched.server.job_input import (
 )
 from celery_zsched.server.problems import Problem, bad_field, invalid_job
 from celery_zsched.server.views import JobPage, JobView, RunResult, job_view
-from celery_zsched.server.writer import JobWriter
+from celery_zsched.services.writer import JobWriter
 from celery_zsched.store import Store
 
 router = APIRouter(prefix="/v1", tags=["jobs"])

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from celery_zsched.server.app import create_app
 from celery_zsched.server.edge import BACKLOG, Limits, guarded_protocol
-from celery_zsched.server.writer import JobWriter
+from celery_zsched.services.writer import JobWriter
 from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")

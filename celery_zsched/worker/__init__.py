@@ -33,10 +33,10 @@ from celery import current_app, current_task, signals
 from celery.exceptions import Ignore
 from kombu.transport import virtual
 
-from celery_zsched import notify
 from celery_zsched.core.errors import JobFailed, StoreUnavailable
 from celery_zsched.core.http_status import retry_after_of, status_of
 from celery_zsched.core.telemetry import log_event
+from celery_zsched.services import extensions
 from celery_zsched.services import signals as zsched_signals
 from celery_zsched.services.appstore import store_for_app
 from celery_zsched.store import StartResult, Store
@@ -355,11 +355,12 @@ def install_start(app: Any) -> None:
 
 
 def on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Install the start hook before the worker builds its task tracers, and the
-    notifiers the settings switch on (before the pool forks: children inherit them)."""
+    """Install the start hook before the worker builds its task tracers, and start the
+    extensions (the notifiers the settings switch on) before the pool forks: children
+    inherit them."""
     app = _app_of(sender)
     install_start(app)
-    notify.install(app)
+    extensions.start(app, "worker")
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
@@ -379,15 +380,15 @@ def _consumed_queues(consumer: Any, app: Any) -> tuple[str, ...]:
 
 def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     """A clean shutdown: stop announcing the worker (running leases are still kept),
-    and deliver the notices still queued (bounded wait)."""
+    and stop the extensions (the notifiers deliver what is queued, a bounded wait)."""
     app = _app_of(sender)
     heartbeat_for(app, store_for_app(app)).retire()
-    notify.close_all()
+    extensions.stop("worker")
 
 
 def on_process_shutdown(**_: Any) -> None:
-    """A pool child exits: deliver its queued notices (bounded wait)."""
-    notify.close_all()
+    """A pool child exits: its extensions stop (its queued notices are delivered)."""
+    extensions.stop("worker_process")
 
 
 def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:

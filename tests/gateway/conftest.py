@@ -28,7 +28,7 @@ from celery_zsched.core.job import Job
 from celery_zsched.server.app import create_app
 from celery_zsched.server.dispatcher import Dispatcher
 from celery_zsched.server.runner import server_config
-from celery_zsched.server.writer import JobWriter
+from celery_zsched.services.writer import JobWriter
 from celery_zsched.store import Store
 from tests.helpers import free_port, wait
 

@@ -13,7 +13,7 @@ import jsonschema_rs
 import pytest
 import schemathesis
 
-from celery_zsched.server.openapi import render
+from celery_zsched.server.schema import render
 from tests.gateway.conftest import READER, REPO, WORKER, WRITER, Served
 
 CHECKED_IN = REPO / "docs" / "openapi.json"

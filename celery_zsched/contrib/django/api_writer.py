@@ -2,7 +2,7 @@
 
 With the Django app the database row is the durable definition, and reconcile
 reverts or deletes whatever exists only in Redis. So ``zsched serve`` in a
-Django project (:func:`celery_zsched.server.writer.choose`) writes rows, through
+Django project (:func:`celery_zsched.cli.serve.choose_writer`) writes rows, through
 the same paths as the admin and ``zsched_import --update``: a save's signal
 pushes the definition on ``transaction.on_commit``, pause and resume are the
 admin's actions, an import is the management command's bulk write. Every call
@@ -35,7 +35,7 @@ from celery_zsched.contrib.django.operations import apply_operation
 from celery_zsched.core.audit import Actor
 from celery_zsched.core.job import Job, definition_tag
 from celery_zsched.core.results import ImportReport
-from celery_zsched.server.writer import StoreWriter
+from celery_zsched.services.writer import StoreWriter
 
 
 def row_tags(row: ZSchedJob) -> set[str]:
@@ -54,7 +54,7 @@ IMPORT_ROUNDS = 3
 
 
 class ModelWriter:
-    """:class:`~celery_zsched.server.writer.JobWriter` on :class:`ZSchedJob` rows."""
+    """:class:`~celery_zsched.services.writer.JobWriter` on :class:`ZSchedJob` rows."""
 
     def __init__(self) -> None:
         #: The database the rows are written to (the router's choice for ZSchedJob).

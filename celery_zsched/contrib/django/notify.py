@@ -13,7 +13,7 @@ from django.core.mail import mail_admins
 
 from celery_zsched.config import SETTING_PREFIX
 from celery_zsched.core.errors import ConfigurationError
-from celery_zsched.notify import Message
+from celery_zsched.services.notices import Message
 
 #: How many held notices a digest mail lists one by one.
 DIGEST_LINES = 20
