@@ -7,6 +7,7 @@ attributes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -31,3 +32,17 @@ class JobPolicy(Protocol):
     def pacing(self) -> bool: ...
     @property
     def domain_registrable(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a definition inherits when it leaves a field out."""
+
+    task: str = "scrape"
+    interval_s: float = 300.0
+    timezone: str = "UTC"
+
+    @classmethod
+    def from_settings(cls, settings: JobPolicy, timezone: str | None = None) -> Defaults:
+        """Defaults from settings and the Celery app's time zone."""
+        return cls(settings.default_task, settings.default_interval_s, timezone or "UTC")

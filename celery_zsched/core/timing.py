@@ -274,3 +274,28 @@ def jitter_ms(jitter_s: float, rng: random.Random) -> int:
 def backoff_s(attempt: int, base_s: float, cap_s: float) -> float:
     """Delay before retry number ``attempt`` (1-based): base * 2**(attempt-1), capped."""
     return float(min(cap_s, base_s * (2 ** max(0, attempt - 1))))
+
+
+# Cached: one bulk upsert asks for the same slot for every job that shares a
+# cron expression and zone, and each answer costs about a millisecond.
+@functools.lru_cache(maxsize=4096)
+def cron_slot_after(expr: str, tz: str, ms: int, day_rule: str = "or") -> int:
+    """The first slot of ``expr`` in zone ``tz`` after epoch ms ``ms``."""
+    return dt_to_ms(cron_next(expr, ZoneInfo(tz), ms_to_dt(ms), day_rule))
+
+
+# Cached: a fleet shares a handful of cron expressions, and croniter is the
+# dearest step of parsing a cron row.
+@functools.lru_cache(maxsize=4096)
+def cron_problem(expr: str, day_rule: str = "or") -> str | None:
+    """Why ``expr`` is no usable cron expression, or ``None``."""
+    if not cron_is_valid(expr):
+        return cron_mistake(expr) or "not a valid 5-field cron expression"
+    try:
+        # croniter accepts dates that never come ("0 0 31 2 *", or "0 0 31 4 1"
+        # under the "and" day rule); storing one would fail mid-import, after
+        # earlier chunks were written.
+        cron_next(expr, ZoneInfo("UTC"), datetime.now(UTC), day_rule)
+    except ValueError:
+        return "never fires: no date matches it"
+    return None
