@@ -10,6 +10,7 @@ else: when a module moves, this is the one place to change.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import importlib
@@ -24,7 +25,16 @@ from typing import Any
 
 import yaml
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 DOCS = Path(__file__).resolve().parent
+#: explanation/architecture.md: the import-linter contract (the architecture's source
+#: of truth) and the entry points, read from here; each package's summary is the first
+#: paragraph of its docstring, read from its file (nothing is imported).
+PYPROJECT = DOCS.parent / "pyproject.toml"
 
 #: Where each generated page reads from (module path and attribute).
 SOURCES = {
@@ -360,9 +370,150 @@ def gen_openapi_schemas(_arg: str, page: str) -> str:
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------- architecture
+@functools.cache
+def pyproject() -> dict[str, Any]:
+    loaded: dict[str, Any] = tomllib.loads(PYPROJECT.read_text("utf-8"))
+    return loaded
+
+
+def importlinter() -> dict[str, Any]:
+    """``[tool.importlinter]`` of ``pyproject.toml``: the root package and the contracts."""
+    found: dict[str, Any] = pyproject()["tool"]["importlinter"]
+    return found
+
+
+def layers_contract() -> dict[str, Any]:
+    """The one ``layers`` contract (its ``containers``, its ``layers`` top first)."""
+    found = [c for c in importlinter()["contracts"] if c["type"] == "layers"]
+    assert len(found) == 1, "the page renders exactly one layers contract"
+    return found[0]
+
+
+def layers() -> list[tuple[list[str], bool]]:
+    """The layers, bottom first: each one's names, and whether they are independent
+    (``a | b``: they may not import each other) or not (``a : b``)."""
+    out = []
+    for layer in reversed(layers_contract()["layers"]):
+        independent = ":" not in layer
+        out.append(([n.strip() for n in re.split(r"[|:]", layer)], independent))
+    return out
+
+
+def _package_file(module: str) -> Path | None:
+    base = PYPROJECT.parent.joinpath(*module.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def package_summary(module: str) -> str:
+    """The first paragraph of ``module``'s docstring, read from its file (not imported)."""
+    path = _package_file(module)
+    if path is None:
+        log.warning("architecture: the contract names %s, which does not exist", module)
+        return ""
+    doc = ast.get_docstring(ast.parse(path.read_text("utf-8"))) or ""
+    summary = " ".join(doc.split("\n\n", 1)[0].split())
+    if len(summary.split()) < 3:
+        log.warning("architecture: %s has no docstring that says what it holds (%r)",
+                    module, summary)
+    return summary
+
+
+def subpackages(module: str) -> list[str]:
+    """The packages directly under ``module`` (``celery_zsched.contrib``: its ``django``)."""
+    base = PYPROJECT.parent.joinpath(*module.split("."))
+    if not base.is_dir():
+        return []
+    return [f"{module}.{d.name}" for d in sorted(base.iterdir())
+            if (d / "__init__.py").is_file()]
+
+
+def top_level() -> list[str]:
+    """Every module and package directly under the root package (its ``__init__`` aside)."""
+    root = importlinter()["root_package"]
+    base = PYPROJECT.parent / root
+    names = [p.stem for p in sorted(base.glob("*.py")) if p.stem != "__init__"]
+    names += [d.name for d in sorted(base.iterdir()) if (d / "__init__.py").is_file()]
+    return sorted(names)
+
+
+def gen_layers(_arg: str, page: str) -> str:
+    """The layers contract as a diagram and a table: bottom first, one row per package."""
+    contract = layers_contract()
+    (container,) = contract["containers"]
+    steps = layers()
+    named = {name for names, _ in steps for name in names}
+    for missing in sorted(set(top_level()) - named):
+        log.warning("architecture: %s.%s is in no layer of the contract", container, missing)
+    diagram = " ← ".join(" / ".join(names) for names, _ in steps)
+    out = [f"*Generated from `pyproject.toml`, the contract \"{contract['name']}\".*", "",
+           "```text", diagram, "```", "",
+           "| layer | package | what it holds |", "|---|---|---|"]
+    for number, (names, independent) in enumerate(steps, 1):
+        label = f"{number}" + {1: " (bottom)", len(steps): " (top)"}.get(number, "")
+        if len(names) > 1:
+            label += ", independent" if independent else ", may import each other"
+        for name in names:
+            for module in [f"{container}.{name}", *subpackages(f"{container}.{name}")]:
+                shown = module.removeprefix(container + ".")
+                out.append(f"| {label} | `{shown}` | "
+                           f"{_cell(_from_rst(package_summary(module), page))} |")
+                label = ""
+    return "\n".join(out)
+
+
+def _describe_contract(contract: dict[str, Any]) -> str:
+    kind = contract["type"]
+    if kind == "layers":
+        return "the layers above, each importing only the ones below it"
+    if kind == "forbidden":
+        sources = ", ".join(f"`{m}`" for m in contract["source_modules"])
+        banned = ", ".join(f"`{m}`" for m in contract["forbidden_modules"])
+        how = ("directly" if contract.get("allow_indirect_imports") in (True, "true", "True")
+               else "directly or through any other module of the package")
+        return f"{sources} may not import {banned}, {how}"
+    if kind == "independence":
+        return ", ".join(f"`{m}`" for m in contract["modules"]) + " never import each other"
+    if kind == "acyclic_siblings":
+        roots = ", ".join(f"`{m}`" for m in contract["ancestors"])
+        return f"no cycle among the modules of any package of {roots}"
+    log.warning("architecture: contract type %r has no description in docs/_gen.py", kind)
+    return kind
+
+
+def gen_contracts(_arg: str, _page: str) -> str:
+    """Every contract of ``[tool.importlinter]``: its name, type and what it forbids."""
+    out = ["*Generated from `pyproject.toml` `[tool.importlinter]`.*", "",
+           "| contract | type | what it keeps |", "|---|---|---|"]
+    for contract in importlinter()["contracts"]:
+        out.append(f"| {_cell(contract['name'])} | `{contract['type']}` | "
+                   f"{_cell(_describe_contract(contract))} |")
+    counted = ["imports inside functions"]
+    if not importlinter().get("exclude_type_checking_imports"):
+        counted.append("imports under `TYPE_CHECKING`")
+    if importlinter().get("include_external_packages"):
+        counted.append("imports of other distributions (`include_external_packages`)")
+    out += ["", f"Every contract counts {', '.join(counted[:-1])} and {counted[-1]}."]
+    return "\n".join(out)
+
+
+def gen_entry_points(_arg: str, _page: str) -> str:
+    """Every entry point the package registers, from ``pyproject.toml``."""
+    out = ["*Generated from `pyproject.toml` `[project.entry-points]`.*", "",
+           "| group | name | object |", "|---|---|---|"]
+    for group, points in pyproject()["project"]["entry-points"].items():
+        for name, target in points.items():
+            out.append(f"| `{group}` | `{name}` | `{target}` |")
+    return "\n".join(out)
+
+
 GENERATORS: dict[str, Callable[[str, str], str]] = {
     "settings": gen_settings, "cli": gen_cli, "keys": gen_keys, "state": gen_state,
     "openapi": gen_openapi, "openapi-schemas": gen_openapi_schemas,
+    "layers": gen_layers, "contracts": gen_contracts, "entry-points": gen_entry_points,
 }
 
 
