@@ -3,6 +3,7 @@
 from celery_zsched.core.errors import (
     BrokerUnavailable,
     ConfigurationError,
+    FileError,
     ImportValidationError,
     JobFailed,
     JobNotFound,
@@ -12,5 +13,6 @@ from celery_zsched.core.errors import (
     ZSchedError,
 )
 
-__all__ = ["BrokerUnavailable", "ConfigurationError", "ImportValidationError", "JobFailed",
+__all__ = ["BrokerUnavailable", "ConfigurationError", "FileError", "ImportValidationError",
+           "JobFailed",
            "JobNotFound", "LayoutMismatch", "StoreUnavailable", "ValidationError", "ZSchedError"]

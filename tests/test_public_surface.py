@@ -83,9 +83,7 @@ def test_the_package_exports_the_objects_of_their_homes() -> None:
     assert task_id_for("j", 1, 0) == task_id_for("j", 1, 0) != task_id_for("j", 1, 1)
 
 
-@pytest.mark.parametrize("name", [*ERRORS, pytest.param("FileError", marks=pytest.mark.xfail(
-    strict=True, reason="celery_zsched/errors.py does not re-export core.errors.FileError, "
-                        "which the flat errors.py defined: add it, then drop this mark"))])
+@pytest.mark.parametrize("name", [*ERRORS, "FileError"])
 def test_errors_keep_their_public_path(name: str) -> None:
     public = importlib.import_module("celery_zsched.errors")
     assert getattr(public, name) is getattr(core_errors, name)
