@@ -24,8 +24,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from celery_zsched.contrib.django import outbox
-from celery_zsched.contrib.django.admin import INFO_ATTR
 from celery_zsched.contrib.django.history import drain
+from celery_zsched.contrib.django.job_changelist import INFO_ATTR
 from celery_zsched.contrib.django.models import ZSchedJob, ZSchedOutbox
 from celery_zsched.contrib.django.sync import reconcile
 from celery_zsched.core.job import Job

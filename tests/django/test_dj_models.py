@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import datetime, timezone
 from io import StringIO
@@ -10,13 +11,25 @@ from typing import Any
 import django
 import pytest
 from django import forms
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.management import call_command
 from django.db import models
 
-from celery_zsched.contrib.django.models import ZSchedJob, ZSchedRun
-from celery_zsched.core.job import Job, job_id_for_url
+from celery_zsched.contrib.django.models import (
+    CORE_TO_MODEL,
+    DEFINITION_FIELDS,
+    ActorKind,
+    ChangeAction,
+    DayRule,
+    Transport,
+    ZSchedJob,
+    ZSchedRun,
+)
+from celery_zsched.contrib.django.models.choices import core_choices
+from celery_zsched.core.audit import ACTIONS, ACTOR_KINDS
+from celery_zsched.core.job import TRANSPORTS, Job, job_id_for_url
+from celery_zsched.core.timing import DAY_RULES
 
 pytestmark = pytest.mark.django_db
 
@@ -55,6 +68,28 @@ def test_makemigrations_check_finds_nothing_to_do() -> None:
     out = StringIO()
     call_command("makemigrations", "zsched", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+def test_the_definition_fields_are_the_core_jobs_in_the_order_of_the_columns() -> None:
+    core = [CORE_TO_MODEL.get(field.name, field.name) for field in dataclasses.fields(Job)]
+    assert sorted(DEFINITION_FIELDS) == sorted(core)
+    columns = [field.name for field in ZSchedJob._meta.concrete_fields]
+    assert list(DEFINITION_FIELDS) == [name for name in columns if name in core]
+
+
+def test_the_choices_are_the_core_lists_in_their_order() -> None:
+    assert ChangeAction.values == list(ACTIONS)
+    assert ActorKind.values == list(ACTOR_KINDS)
+    assert Transport.values == list(TRANSPORTS)
+    assert DayRule.values == list(DAY_RULES)
+    assert ChangeAction.RUN_NOW == "run_now" and ChangeAction.RUN_NOW.label == "Run now"
+
+
+def test_a_core_value_without_a_label_or_a_label_without_a_value_stops_the_app() -> None:
+    with pytest.raises(ImproperlyConfigured, match="delete"):
+        core_choices("Action", ("create", "delete"), {"create": "Created"}, "")
+    with pytest.raises(ImproperlyConfigured, match="purge"):
+        core_choices("Action", ("create",), {"create": "Created", "purge": "Purged"}, "")
 
 
 def test_job_id_is_derived_from_the_url_on_save() -> None:
@@ -134,7 +169,7 @@ def test_valid_form_saves_and_fills_the_id() -> None:
     assert form.is_valid(), form.errors
     with pytest.MonkeyPatch.context() as mp:
         # Redis is not the point here; the save must not need it either way.
-        mp.setattr("celery_zsched.contrib.django.outbox.push", lambda *a, **k: True)
+        mp.setattr("celery_zsched.contrib.django.outbox.pushing.push", lambda *a, **k: True)
         row = form.save()
     assert row.job_id == job_id_for_url("http://127.0.0.1:1/ok")
 

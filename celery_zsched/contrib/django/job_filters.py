@@ -1,4 +1,4 @@
-"""Changelist filters of the job admin that need more than a column's values."""
+"""Changelist filters of the job admin: failing, last status, queue and dead-lettered jobs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.models import RunStatus
 from celery_zsched.core.errors import StoreUnavailable
 
 #: Dead letters the filter reads (the newest first). Dead letters pile up only
@@ -57,4 +58,39 @@ class QueueFilter(admin.SimpleListFilter):
             return queryset.filter(queue="")
         if value:
             return queryset.filter(queue=value)
+        return None
+
+
+class FailingFilter(admin.SimpleListFilter):
+    """Jobs whose latest settles failed (``consecutive_failures > 0`` in the mirror)."""
+
+    title = "failing"
+    parameter_name = "failing"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Failing now"), ("no", "Not failing")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.filter(consecutive_failures__gt=0)
+        if self.value() == "no":
+            return queryset.filter(consecutive_failures=0)
+        return None
+
+
+class LastStatusFilter(admin.SimpleListFilter):
+    """The last settle label, with "never run" for rows without one."""
+
+    title = "last status"
+    parameter_name = "last_status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*RunStatus.choices, ("none", "Never run")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value == "none":
+            return queryset.filter(last_status="")
+        if value:
+            return queryset.filter(last_status=value)
         return None

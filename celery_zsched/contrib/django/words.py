@@ -12,6 +12,11 @@ from celery_zsched.core.job import Job
 from celery_zsched.core.timing import ms_to_dt
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 job``, ``3 jobs``: a count with its noun (plural with an ``s``)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def every(seconds: float) -> str:
     """``every 5 minutes``, ``every 2 hours``, ``every 90 seconds``."""
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):

@@ -1,43 +1,40 @@
-"""Models: the durable job definition (:class:`ZSchedJob`) and run history (:class:`ZSchedRun`).
+"""The job model: :class:`ZSchedJob`, the durable definition of a job, and its field lists.
 
-A :class:`ZSchedJob` row is the source of truth of a job's definition. Redis
-holds a copy of it plus the timing state; edits reach Redis on commit (see
-:mod:`.signals`) or through :func:`.sync.reconcile`. The runtime fields
+A row is the source of truth of a job's definition. Redis holds a copy of it
+plus the timing state; edits reach Redis on commit (see
+:mod:`celery_zsched.contrib.django.signals`) or through
+:func:`celery_zsched.contrib.django.sync.reconcile`. The runtime fields
 (``last_run_at`` … ``consecutive_failures``) only mirror Redis: they are
-written by :func:`.history.drain` and :func:`.sync.reconcile`, never by users.
+written by ``history.drain`` and ``sync.reconcile``, never by users.
 """
 
 from __future__ import annotations
 
 import copy
-import re
+import dataclasses
 from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, ClassVar
 
-from django.conf import settings as django_settings
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models, router, transaction
 from django.utils import timezone as dj_timezone
-from django.utils.hashable import make_hashable
 
+from celery_zsched.contrib.django.models.choices import DayRule, JobKind, Transport
+from celery_zsched.contrib.django.models.values import (
+    JobValidationError,
+    from_db_datetime,
+    raw_value_problem,
+    to_db_datetime,
+)
 from celery_zsched.core.errors import ValidationError
 from celery_zsched.core.job import Defaults, Job
 from celery_zsched.core.state import RuntimeState
-from celery_zsched.core.timing import ms_to_dt
 
 #: Core :class:`~celery_zsched.core.job.Job` field -> model field, where the names differ.
 CORE_TO_MODEL: dict[str, str] = {"id": "job_id"}
 MODEL_TO_CORE: dict[str, str] = {model: core for core, model in CORE_TO_MODEL.items()}
-
-#: Definition fields, in the order of :class:`~celery_zsched.core.job.Job`.
-DEFINITION_FIELDS: tuple[str, ...] = (
-    "job_id", "name", "task", "url", "meta", "args", "kwargs", "interval_s", "cron",
-    "timezone", "day_rule", "run_at", "start_at", "end_at", "jitter_s", "queue", "routing_key",
-    "priority", "expires_s", "enabled", "max_runs", "misfire_grace_s", "retry_max",
-    "retry_base_s", "domain", "transport",
-)
 
 #: Read-only mirror of the Redis runtime state, refreshed in bulk.
 MIRROR_FIELDS: tuple[str, ...] = (
@@ -46,114 +43,12 @@ MIRROR_FIELDS: tuple[str, ...] = (
 )
 
 _TIME_FIELDS = ("run_at", "start_at", "end_at")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def model_field_for(core_field: str) -> str:
     """The model field a core validation error belongs to (``NON_FIELD_ERRORS`` if none)."""
     name = CORE_TO_MODEL.get(core_field, core_field)
     return name if name in DEFINITION_FIELDS else NON_FIELD_ERRORS
-
-
-def to_db_datetime(ms: int | None) -> datetime | None:
-    """An epoch-ms value as the datetime the database expects under ``USE_TZ``."""
-    if ms is None:
-        return None
-    dt = ms_to_dt(ms)
-    # With USE_TZ=False, Django stores naive local time and refuses aware values.
-    return dt if django_settings.USE_TZ else dj_timezone.make_naive(dt)
-
-
-def from_db_datetime(dt: datetime | None) -> datetime | None:
-    """A model datetime as an aware datetime (naive ones are in the current time zone)."""
-    if dt is None:
-        return None
-    return dj_timezone.make_aware(dt) if dj_timezone.is_naive(dt) else dt
-
-
-class JobValidationError(ValidationError, DjangoValidationError):
-    """An invalid :class:`ZSchedJob`: raised by ``full_clean()`` and ``save()``.
-
-    It is Django's ``ValidationError`` with an error dict (``message_dict``:
-    field -> messages), which forms and the admin show on each field, and at
-    the same time :class:`celery_zsched.ValidationError`, whose ``field``,
-    ``value`` and ``message`` name the first problem (core field names:
-    ``id``, not ``job_id``), as every other entry point reports it.
-    """
-
-    def __init__(self, errors: Mapping[str, list[str]], first: ValidationError) -> None:
-        ValidationError.__init__(self, first.field, first.value, first.message, first.row)
-        # Sets error_dict; its super().__init__ is Exception's in this class's MRO.
-        DjangoValidationError.__init__(self, dict(errors))
-        self.args = (str(self),)
-
-    # Django hashes (and compares) an error with a ``message`` attribute as a
-    # single message with a ``code``: this one is an error dict.
-    def __hash__(self) -> int:
-        return hash(make_hashable(self.error_dict))
-
-    def __eq__(self, other: object) -> bool:
-        return DjangoValidationError.__eq__(self, other)
-
-
-def raw_value_problem(field: models.Field, value: Any, instance: models.Model) -> str | None:
-    """Why ``field.clean(value)`` would raise something other than a ValidationError.
-
-    Also refuses what Django's own cleaning lets through to fail in ``save()``:
-    ``None`` in a NOT NULL column (``meta``, ``args``, ``kwargs``) and ``""``
-    in a number or date-time column. Anything Django reports itself is left to it.
-    """
-    if value is None and not field.null:
-        # A NOT NULL column: save() would raise IntegrityError.
-        empty = '""' if isinstance(field, models.CharField) else "{} or []"
-        return f"must not be None (give {empty} for none)"
-    if value is None:
-        return None
-    if isinstance(value, str) and not value and not isinstance(field, models.CharField):
-        return "must not be an empty string (give None for none)"
-    if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
-        # Not even a uniqueness query can send one to the database.
-        return "must be valid Unicode (it holds a lone surrogate)"
-    wrong = f"is not a valid value of this field (a {type(value).__name__})"
-    try:
-        field.clean(value, instance)
-    except DjangoValidationError as exc:
-        try:
-            # Django formats the value into its message ("“%(value)s” value must
-            # be a float."): str() of a 5000-digit int raises, of a blob is huge.
-            too_long = any(len(message) > 300 for message in exc.messages)
-        except (ValueError, RecursionError, TypeError):
-            return wrong
-        return wrong if too_long else None
-    except RecursionError:
-        return "is nested too deeply"
-    except OverflowError:
-        return "is out of range"
-    except (TypeError, ValueError, ArithmeticError):
-        return wrong
-    return None
-
-
-class JobKind(models.TextChoices):
-    """How a job is timed; derived from the definition on save."""
-
-    INTERVAL = "interval", "Interval"
-    CRON = "cron", "Cron"
-    ONCE = "once", "Once"
-
-
-class DayRule(models.TextChoices):
-    """How a cron's day-of-month and day-of-week fields combine (``Job.day_rule``)."""
-
-    OR = "or", "Either day field matches (crontab(5))"
-    AND = "and", "Both day fields match (Celery crontab)"
-
-
-class Transport(models.TextChoices):
-    """Who runs a job (:data:`celery_zsched.core.job.TRANSPORTS`)."""
-
-    CELERY = "celery", "Celery (beat publishes it)"
-    HTTP = "http", "HTTP (workers in any language, through the job gateway)"
 
 
 class ZSchedJob(models.Model):
@@ -228,8 +123,9 @@ class ZSchedJob(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     #: Grows with every change this package makes to the row: the id of the last
-    #: outbox entry recorded for it (:mod:`.outbox`). Redis refuses a push of an
-    #: older version, so pushes arriving out of order never move a job back.
+    #: outbox entry recorded for it (:mod:`celery_zsched.contrib.django.outbox`).
+    #: Redis refuses a push of an older version, so pushes arriving out of order
+    #: never move a job back.
     #: 0: never changed through this package (pushed unversioned).
     version = models.PositiveBigIntegerField(default=0, editable=False)
 
@@ -399,9 +295,10 @@ class ZSchedJob(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Validate as :meth:`full_clean` does, then save; Redis follows on commit.
 
-        The row and its outbox entry (:mod:`.outbox`) are written in one
-        transaction (this one, or one of their own), so a change that is saved
-        always reaches Redis: after the commit, or from the outbox's sweeper.
+        The row and its outbox entry (:mod:`celery_zsched.contrib.django.outbox`)
+        are written in one transaction (this one, or one of their own), so a
+        change that is saved always reaches Redis: after the commit, or from the
+        outbox's sweeper.
 
         A row that fails validation is never written: :class:`JobValidationError`
         is raised instead (never ``IntegrityError`` or ``OverflowError``), so the
@@ -443,6 +340,25 @@ class ZSchedJob(models.Model):
         return changed
 
 
+def _definition_fields() -> tuple[str, ...]:
+    """Every field of the core ``Job``, by its model name, in the order of the model's columns.
+
+    A core field without a column stops the app from loading: the model (and
+    a migration) must follow the core.
+    """
+    columns = [field.name for field in ZSchedJob._meta.local_fields]
+    names = [CORE_TO_MODEL.get(field.name, field.name) for field in dataclasses.fields(Job)]
+    missing = [name for name in names if name not in columns]
+    if missing:
+        raise ImproperlyConfigured(f"ZSchedJob has no column for the core Job field(s) {missing}")
+    return tuple(sorted(names, key=columns.index))
+
+
+#: Definition fields: those of :class:`~celery_zsched.core.job.Job` (``id`` is
+#: ``job_id``), in the order of the model's columns, which forms follow.
+DEFINITION_FIELDS: tuple[str, ...] = _definition_fields()
+
+
 def mirror_values(state: RuntimeState) -> dict[str, Any]:
     """Mirror field values of one job's Redis runtime state."""
     last = state.last_settled_ms
@@ -454,184 +370,3 @@ def mirror_values(state: RuntimeState) -> dict[str, Any]:
         "failure_count": state.failures,
         "consecutive_failures": state.consecutive_failures,
     }
-
-
-class RunStatus(models.TextChoices):
-    """The settle labels of :mod:`celery_zsched.store`."""
-
-    COMPLETE = "complete", "Complete"
-    RETRYING = "retrying", "Error, retrying"
-    ERROR = "error", "Error"
-    SKIPPED = "skipped", "Skipped (misfire)"
-
-
-class ZSchedRun(models.Model):
-    """One settle of one job: run history, copied from the Redis event stream in bulk.
-
-    ``job_id`` always holds the job's id string. ``job`` is a foreign key on
-    that id *without* a database constraint, because settles also come from
-    jobs that have no row: static ``beat_schedule`` entries, jobs added with
-    the CLI, and jobs deleted after their run. The drain can then insert rows
-    without looking up primary keys, and deleting a job (through the ORM)
-    still cascades to its history. ``null=True`` makes ``select_related``
-    use an outer join, so rows of jobs without a row are kept (``run.job``
-    is then ``None``); the column itself is never null.
-    """
-
-    job = models.ForeignKey(
-        ZSchedJob, to_field="job_id", db_column="job_id", db_constraint=False,
-        on_delete=models.CASCADE, related_name="runs", null=True, blank=True,
-        # The (job, -finished_at) index below serves lookups by job too.
-        db_index=False)
-    occurrence = models.BigIntegerField(help_text="Due time (epoch ms) naming the occurrence.")
-    attempt = models.PositiveIntegerField(default=1)
-    status = models.CharField(max_length=20, choices=RunStatus.choices)
-    error = models.TextField(blank=True)
-    task_id = models.CharField(max_length=64, blank=True)
-    due_at = models.DateTimeField(null=True, blank=True)
-    promoted_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(
-        help_text="When the outcome was settled, on the Redis clock.")
-    wait_ms = models.BigIntegerField(null=True, blank=True,
-                                     help_text="Promote to task start.")
-    duration_ms = models.BigIntegerField(null=True, blank=True)
-    lateness_ms = models.BigIntegerField(null=True, blank=True,
-                                         help_text="Due to promote (beat's lateness).")
-    stream_id = models.CharField(max_length=40, unique=True,
-                                 help_text="Redis stream entry id: makes the drain idempotent.")
-
-    objects: ClassVar[models.Manager[ZSchedRun]] = models.Manager()
-
-    class Meta:
-        db_table = "zsched_run"
-        verbose_name = "job run"
-        verbose_name_plural = "job runs"
-        indexes = (
-            models.Index(fields=["job", "-finished_at"], name="zsched_run_job_finished"),
-            # Pruning and "recent runs" statistics filter on the time alone.
-            models.Index(fields=["finished_at"], name="zsched_run_finished"),
-            # Covers the dashboard's per-hour outcome counts and lateness
-            # percentiles: they read this index only, never the table rows.
-            models.Index(fields=["finished_at", "status", "lateness_ms"],
-                         name="zsched_run_window"),
-        )
-
-    def __str__(self) -> str:
-        return f"{self.job_id} #{self.occurrence}.{self.attempt} {self.status}"
-
-
-class ChangeAction(models.TextChoices):
-    """What a recorded change did (:data:`celery_zsched.core.audit.ACTIONS`)."""
-
-    CREATE = "create", "Created"
-    EDIT = "edit", "Edited"
-    PAUSE = "pause", "Paused"
-    RESUME = "resume", "Resumed"
-    RUN_NOW = "run_now", "Run now"
-    DELETE = "delete", "Deleted"
-    REQUEUE = "requeue", "Requeued (dead letter)"
-    PURGE = "purge", "Purged (dead letter)"
-    RESET = "reset", "Failures reset"
-
-
-class ActorKind(models.TextChoices):
-    """Who made a change (:data:`celery_zsched.core.audit.ACTOR_KINDS`)."""
-
-    ADMIN = "admin", "Admin user"
-    CLI = "cli", "Command line"
-    IMPORT = "import", "Import"
-    RECONCILE = "reconcile", "Reconcile"
-    API = "api", "API"
-
-
-class ZSchedJobChange(models.Model):
-    """One recorded change of one job: the audit trail, copied from Redis in bulk.
-
-    Every change (from the admin, the CLI, an import, reconcile or the API) is
-    recorded in Redis by the script that makes it; :func:`.audit.drain_changes`
-    copies the entries here. ``job`` is a foreign key on the job id without a
-    database constraint, and deleting a job leaves its changes in place: the
-    trail of a deleted job (its delete included) is still there to read.
-    """
-
-    job = models.ForeignKey(
-        ZSchedJob, to_field="job_id", db_column="job_id", db_constraint=False,
-        on_delete=models.DO_NOTHING, related_name="changes", null=True, blank=True,
-        # The (job, -at) index below serves lookups by job too.
-        db_index=False)
-    at = models.DateTimeField(help_text="When the change was made, on the Redis clock.")
-    actor_kind = models.CharField("by (kind)", max_length=20, choices=ActorKind.choices)
-    actor_name = models.CharField("by", max_length=150, blank=True)
-    action = models.CharField(max_length=20, choices=ChangeAction.choices)
-    diff = models.JSONField(default=dict, blank=True,
-                            help_text='Changed fields: {"field": [old, new]}.')
-    note = models.TextField(blank=True)
-    stream_id = models.CharField(max_length=40, unique=True,
-                                 help_text="Redis stream entry id: makes the drain idempotent.")
-
-    objects: ClassVar[models.Manager[ZSchedJobChange]] = models.Manager()
-
-    class Meta:
-        db_table = "zsched_job_change"
-        verbose_name = "job change"
-        verbose_name_plural = "job changes"
-        indexes = (
-            models.Index(fields=["job", "-at"], name="zsched_change_job_at"),
-            models.Index(fields=["at"], name="zsched_change_at"),
-        )
-
-    def __str__(self) -> str:
-        return f"{self.job_id} {self.action} by {self.actor_kind}:{self.actor_name}"
-
-
-class SyncAction(models.TextChoices):
-    """What an outbox entry sends to Redis."""
-
-    SAVE = "save", "Save"
-    DELETE = "delete", "Delete"
-    PAUSE = "pause", "Pause"
-    RESUME = "resume", "Resume"
-
-
-class ZSchedOutbox(models.Model):
-    """One change of a job row not yet confirmed in Redis: the transactional outbox.
-
-    Written in the transaction of the change itself (:mod:`.outbox`), so a
-    change is never saved without it. The push after the commit deletes it; one
-    that could not reach Redis stays, and the sweeper in beat retries it. Its
-    ``id`` is the change's version: a row's ``version`` is the id of its newest
-    entry, and Redis refuses an older one. Only pending and dead-lettered
-    changes are here, so the table stays small whatever the number of jobs.
-    """
-
-    job_id = models.CharField("job id", max_length=200)
-    action = models.CharField(max_length=10, choices=SyncAction.choices)
-    actor_kind = models.CharField("by (kind)", max_length=20, choices=ActorKind.choices)
-    actor_name = models.CharField("by", max_length=150, blank=True)
-    note = models.TextField(blank=True)
-    created_at = models.DateTimeField(default=dj_timezone.now)
-    #: Failed pushes that were this change's own fault (Redis being down never counts).
-    attempts = models.PositiveIntegerField(default=0)
-    next_try_at = models.DateTimeField(default=dj_timezone.now)
-    last_error = models.TextField(blank=True)
-    #: Set after ``zsched_outbox_max_attempts`` failed attempts: kept, shown in the
-    #: admin, retried only when an operator asks (or a newer change supersedes it).
-    dead_at = models.DateTimeField(null=True, blank=True)
-
-    objects: ClassVar[models.Manager[ZSchedOutbox]] = models.Manager()
-
-    class Meta:
-        db_table = "zsched_outbox"
-        verbose_name = "change not yet in Redis"
-        verbose_name_plural = "changes not yet in Redis"
-        indexes = (
-            # The sweeper's query: pending changes due for a try, oldest first.
-            models.Index(fields=["next_try_at", "id"], name="zsched_outbox_due",
-                         condition=models.Q(dead_at__isnull=True)),
-            # A push confirmed: its job's entries up to its version go.
-            models.Index(fields=["job_id", "id"], name="zsched_outbox_job"),
-        )
-
-    def __str__(self) -> str:
-        return f"{self.action} {self.job_id} (version {self.pk})"
