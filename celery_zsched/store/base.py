@@ -225,17 +225,18 @@ class StoreBase:
         return spec.reply(self._scripts[spec.name](keys=spec.key_names(keys),
                                                    args=spec.argv(args, rows)))
 
-    def _call_hot(self, spec: ScriptSpec[R], keys: Keys, **args: Any) -> R:
-        """:meth:`_call` for the worker's start and settle, once each per execution:
+    def _call_hot(self, spec: ScriptSpec[R], keys: Keys, rows: Sequence[Sequence[Any]] = (),
+                  **args: Any) -> R:
+        """:meth:`_call` for the worker's start, hold and settle, once each per execution:
         straight on a pooled connection, without redis-py's per-command machinery
         (it costs about as much client CPU as the round trip itself). A Cluster
         client goes the usual way (it routes by slot and follows MOVED)."""
         pool = getattr(self.client, "connection_pool", None)
         if pool is None or is_cluster(self.client):
-            return self._call(spec, keys, **args)
+            return self._call(spec, keys, rows, **args)
         script = self._scripts[spec.name]
         names = spec.key_names(keys)
-        argv = spec.argv(args)
+        argv = spec.argv(args, rows)
         conn = pooled_connection(pool)
         try:
             conn.send_command("EVALSHA", script.sha, len(names), *names, *argv)

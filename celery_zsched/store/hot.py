@@ -219,6 +219,18 @@ class HotPath(Writes):
                 [job_id for kind, job_id in gone if kind == "h"])
 
     @unavailable
+    def hold(self, held: Held, worker: str) -> bool:
+        """Hold one received message for ``worker`` now, for one lease (one round trip):
+        :meth:`beat` with just that row. False when its occurrence is no longer
+        queued for it (started, settled, republished for another task)."""
+        job_id, occurrence, attempt, delivery, task = held
+        gone = self._call_hot(scripts.HEARTBEAT, self.part_of(job_id),
+                              [("h", job_id, occurrence, attempt, delivery, task)],
+                              lease_ms=int(self.settings.lease_s * 1000), worker=worker,
+                              queues="")
+        return not gone
+
+    @unavailable
     def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:
         """Confirm the publish of each occurrence, with the queue it went to ("": one the
         router did not name): each moves from the publish deadline to the delivery

@@ -14,8 +14,9 @@ alive by the same beats: when the worker dies, the reaper republishes what it
 held one lease later, instead of after the broker's visibility timeout. A
 message taken less than a beat before the death has no hold yet: on a Redis
 broker beat finds it in the broker's unacked index a lease later
-(:mod:`celery_zsched.beat.unacked`). Holding costs no round trip of its own. And
-the worker records itself as alive, which is what tells the reaper that a
+(:mod:`celery_zsched.beat.unacked`). Holding costs no round trip of its own,
+except before a message is acknowledged unstarted (:mod:`celery_zsched.worker.holds`).
+And the worker records itself as alive, which is what tells the reaper that a
 message past its delivery deadline was lost rather than only waiting for
 workers to come back.
 """
@@ -49,6 +50,8 @@ class Heartbeat:
         # Keyed by the worker's request object: a message that is done (run,
         # dropped or rejected) is no longer referenced, and so no longer held.
         self._held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
+        #: The requests whose holds Redis has recorded (a beat or :meth:`hold_now`).
+        self._recorded: weakref.WeakSet[Any] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
 
     def track(self, job_id: str, occurrence: int, attempt: int,
@@ -77,6 +80,33 @@ class Heartbeat:
             self._held[request] = row
             self.holder = self.holder or holder
         self._ensure_thread()
+
+    def hold_now(self, request: Any, row: Held, holder: str) -> None:
+        """:meth:`hold`, and record the hold in Redis now unless a beat has already.
+
+        For a message about to be acknowledged before it starts: from then on
+        only the hold tells the reaper about it. Redis unreachable: logged, and
+        the message goes on (its start needs Redis too, and retries).
+        """
+        with self._lock:
+            self._held[request] = row
+            self.holder = self.holder or holder
+            recorded = request in self._recorded
+        self._ensure_thread()
+        if recorded:
+            return
+        try:
+            kept = self.store.hold(row, self.worker or self.holder)
+        except StoreUnavailable as exc:
+            logger.warning("zsched: could not hold %s before acknowledging it (%s); if this "
+                           "worker dies before it starts, it waits for its delivery deadline",
+                           row[0], exc)
+            return
+        with self._lock:
+            if kept:
+                self._recorded.add(request)
+            else:
+                self._held.pop(request, None)
 
     def unhold(self, job_id: str) -> None:
         """This process started (or dropped) ``job_id``'s message: it holds it no more."""
@@ -107,7 +137,10 @@ class Heartbeat:
 
     def beat(self) -> None:
         """One heartbeat now: extend every lease held and every hold, drop what moved on."""
-        running, held = self.running(), self.held()
+        running = self.running()
+        with self._lock:
+            holds = list(self._held.items())
+        held = [row for _, row in holds]
         if not running and not held and not self.worker:
             return
         try:
@@ -117,6 +150,8 @@ class Heartbeat:
             logger.warning("zsched: heartbeat failed (%s); %d leases and %d holds may run out",
                            exc, len(running), len(held))
             return
+        with self._lock:
+            self._recorded.update(request for request, _ in holds)
         by_id = {row[0]: row for row in running}
         for job_id in gone:
             self.untrack(job_id, by_id[job_id][1], by_id[job_id][2])

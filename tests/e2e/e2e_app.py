@@ -22,16 +22,18 @@ from celery import Celery, Task
 import celery_zsched.worker  # installs the settle hooks
 from celery_zsched.core.errors import JobFailed
 from celery_zsched.core.http_status import parse_retry_after
-from e2e.names import (
+from tests.e2e.names import (
     ENV_ACKS_LATE,
     ENV_BEAT_DIE_AFTER_S,
     ENV_BEAT_SCHEDULE,
     ENV_BROKER_URL,
     ENV_HTTP_TIMEOUT_S,
     ENV_QUEUE,
+    ENV_START_DELAY_S,
     ENV_WORKER_ID,
     OTHER_TASK,
     SCRAPE_TASK,
+    START_DELAYED,
     TASK_ID_PARAM,
     WORKER_ID_PARAM,
 )
@@ -65,6 +67,21 @@ if os.environ.get(ENV_BEAT_DIE_AFTER_S):
         return _publish(self, jobs)
 
     ZSchedScheduler._publish = _publish_or_die  # type: ignore[method-assign]
+
+if os.environ.get(ENV_START_DELAY_S):
+    import sys
+
+    from celery_zsched.worker import start as _start
+
+    _start_occurrence = _start.start_occurrence
+
+    def _start_late(task: Task[Any, Any]) -> None:
+        # Accepted by this pool process, so acknowledged (early ack), not yet started.
+        print(f"{START_DELAYED} {task.request.id}", file=sys.stderr, flush=True)
+        time.sleep(float(os.environ[ENV_START_DELAY_S]))
+        _start_occurrence(task)
+
+    _start.start_occurrence = _start_late
 
 
 class TargetError(JobFailed):

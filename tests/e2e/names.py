@@ -20,6 +20,13 @@ ENV_WORKER_ID = "E2E_WORKER_ID"
 #: Seconds after which a beat SIGKILLs itself between a claim and its publish (the
 #: first non-empty batch from then on): a beat crash at the worst moment.
 ENV_BEAT_DIE_AFTER_S = "E2E_BEAT_DIE_AFTER_S"
+#: Seconds a pool process waits between accepting a task (which, acknowledging
+#: early, acknowledges its message) and the start compare-and-set, after logging
+#: ``START_DELAYED``: the window in which a killed worker tree leaves a message no
+#: broker gives back and an occurrence that is not running.
+ENV_START_DELAY_S = "E2E_START_DELAY_S"
+#: What the worker logs as a start is held back (followed by the task id).
+START_DELAYED = "e2e: start delayed"
 #: "1": the app acknowledges late (``task_acks_late``); else early, Celery's default.
 ENV_ACKS_LATE = "E2E_ACKS_LATE"
 #: A second task of the app, never any job's: what a forged message may name.

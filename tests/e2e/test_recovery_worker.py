@@ -38,6 +38,7 @@ from kombu.transport.redis import Channel
 from celery_zsched.beat.unacked import occurrence_in
 from celery_zsched.store import task_id_for
 from e2e.conftest import Deployment
+from e2e.names import ENV_START_DELAY_S, START_DELAYED
 from e2e.observe import SOAK, counters, report, states, wait_all, wait_ready
 from e2e.targets import Arrival, PacedTarget
 
@@ -206,3 +207,56 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
     assert not unexplained, unexplained[:5]
     assert dead == expected_dead, (dead, expected_dead)
 
+
+
+#: Pool processes of the worker killed between acknowledging and starting.
+ACCEPTED = 4
+
+
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_a_worker_killed_between_acknowledging_and_starting_costs_one_lease(
+        broker: str, deploy: Callable[..., Deployment], targets: Callable[..., PacedTarget],
+        request: pytest.FixtureRequest) -> None:
+    """Acknowledged early and not started: no broker gives these messages back.
+
+    Every pool process of a prefork worker accepts a task, so the main process
+    acknowledges its message (Celery's default early ack), and waits before its
+    start; the whole tree is SIGKILLed then. That window is a millisecond in
+    production (the crash loop above hit it twice in 50 kills); here it is held
+    open. The main process held each message in Redis before acknowledging it,
+    so the reaper republishes them one lease after the kill: each runs within
+    two leases (every timeout at its default), not at the 2 h delivery deadline.
+    """
+    d = deploy(broker=broker)
+    lease_ms = int(d.settings.lease_s * 1000)
+    target = targets(0.0)
+    jobs = [d.job(url=target.url(f"/acked/{i}"), interval_s=3600) for i in range(ACCEPTED)]
+    assert d.store.upsert_many(jobs, stagger=False).created == ACCEPTED
+    ids = [job.id for job in jobs]
+    d.start_beat()
+    worker = d.start_worker("stalled", pool="prefork", concurrency=ACCEPTED,
+                            env={ENV_START_DELAY_S: "3600"})
+    d.wait_for(lambda: worker.text().count(START_DELAYED) == ACCEPTED, 120,
+               "every pool process to accept a task")
+    if broker == "redis":  # kombu forgot them: not even beat's unacked sweep sees them
+        d.wait_for(lambda: not _unacked(d), 30, "the early acknowledgements")
+    else:  # RabbitMQ shows no acknowledgement: give the main process a moment
+        time.sleep(1.0)
+    tree = worker.kill_tree()
+    killed_ms = d.store.now_ms()
+    worker.wait_dead(tree)
+    assert not target.arrivals(), "no occurrence may have started before the kill"
+    assert {st.status for st in states(d).values()} == {"queued"}
+
+    wait_ready(d, d.start_worker("after", pool="prefork", concurrency=ACCEPTED))
+    wait_all(d, ids, lambda st: (st.last_settled_ms or 0) > killed_ms,
+             2 * lease_ms / 1000 + 60, "every acknowledged, unstarted occurrence to run")
+    arrivals = target.arrivals()
+    restart_ms = sorted(int(a.at * 1000) - killed_ms for a in arrivals)
+    tally = counters(d)
+    report(request, f"worker_killed_after_ack_{broker}", occurrences=ACCEPTED,
+           runs=len(arrivals), restart_ms_min=restart_ms[0], restart_ms_max=restart_ms[-1],
+           lease_ms=lease_ms, orphaned=tally["orphaned"])
+    assert len({a.task_id for a in arrivals}) == len(arrivals) == ACCEPTED  # each once
+    assert restart_ms[-1] <= 2 * lease_ms, restart_ms
+    assert tally["orphaned"] >= ACCEPTED

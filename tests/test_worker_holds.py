@@ -1,0 +1,193 @@
+"""A message Celery acknowledges as a pool process accepts it is held in Redis first.
+
+Without ``acks_late`` (Celery's default) the worker's main process acknowledges
+a task message the moment a pool process accepts it, before that process runs
+the start compare-and-set. A worker tree killed in between leaves a message no
+broker gives back and an occurrence that is not running: only a hold tells the
+reaper about it. Here a real Celery ``Request`` of a real message taken from a
+Redis broker is accepted, and Redis is read at the instant of the
+acknowledgement. The end-to-end proof (a prefork tree SIGKILLed in that window,
+every default, Redis and RabbitMQ brokers) is in
+``tests/e2e/test_recovery_worker.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.utils.imports import symbol_by_name
+from celery.worker.request import Request
+from kombu import Queue
+from kombu.message import Message
+
+from celery_zsched.beat.publish import publish_batch
+from celery_zsched.core.job import Job
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.services.appstore import forget_app, store_for_app
+from celery_zsched.store import Store
+from celery_zsched.worker import heartbeat
+from celery_zsched.worker.headers import Occurrence, occurrence_of
+from celery_zsched.worker.start import install_start
+
+QUEUE = "holds"
+
+
+def _noop() -> None:
+    """The body of every task here: only their acceptance is looked at."""
+HOSTNAME = "w1@host"
+
+
+@pytest.fixture
+def app(redis_url: str) -> Iterator[Celery]:
+    """A Celery app on database 6 of the throwaway server (its broker, flushed) whose
+    store is database 0 under a key prefix of its own, with the start installed."""
+    app = Celery("holds", broker=redis_url.rsplit("/", 1)[0] + "/6", set_as_current=False)
+    app.conf.task_default_queue = QUEUE
+    app.conf.zsched_redis_url = redis_url
+    app.conf.zsched_key_prefix = "{h" + uuid.uuid4().hex[:8] + "}:"
+    app.task(name="t")(_noop)
+    install_start(app)
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+    yield app
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+    heartbeat._beats.pop(id(app), None)
+    forget_app(app)
+    app.close()
+
+
+def _state(store: Store, job_id: str) -> RuntimeState:
+    return RuntimeState.from_wire(store.client.hget(store.keys.state, job_id))
+
+
+@pytest.fixture
+def taken(app: Celery) -> Iterator[Callable[[], tuple[Store, Occurrence, Message]]]:
+    """``taken()``: a job published by beat's code and taken from the broker,
+    unacknowledged (its store, occurrence and message)."""
+    conns: list[Any] = []
+
+    def take() -> tuple[Store, Occurrence, Message]:
+        conns.append(app.connection_for_read())
+        return _taken(app, conns[-1])
+    yield take
+    for conn in conns:
+        conn.close()
+
+
+def _taken(app: Celery, conn: Any) -> tuple[Store, Occurrence, Message]:
+    store = store_for_app(app)
+    job = Job.from_dict({"id": "j", "task": "t", "interval_s": 60, "jitter_s": 0})
+    store.upsert_many([job], stagger=False)
+    claimed = store.claim().jobs
+    with app.producer_or_acquire() as producer:
+        publish_batch(app, producer, claimed)
+    store.routed([(c, QUEUE) for c in claimed])
+    message = Queue(QUEUE, channel=conn.channel()).get(no_ack=False)
+    assert message is not None
+    occ = occurrence_of(message.headers)
+    assert occ is not None
+    return store, occ, message
+
+
+def _request(app: Celery, message: Message, on_ack: Callable[..., None]) -> Request:
+    """The worker's request of ``message``, as the task's strategy builds it."""
+    task = app.tasks[message.headers["task"]]
+    cls: type[Request] = symbol_by_name(task.Request)
+    return cls(message, on_ack=on_ack, app=app, task=task, hostname=HOSTNAME,
+               body=message.body, headers=message.headers, decoded=False, utc=True)
+
+
+def test_an_early_acknowledgement_waits_until_redis_holds_the_message(
+        app: Celery, taken: Callable[[], tuple[Store, Occurrence, Message]]) -> None:
+    store, occ, message = taken()
+    job_id = occ.job_id
+    seen: dict[str, Any] = {}
+
+    def on_ack(*args: Any) -> None:
+        st = _state(store, job_id)
+        seen.update(holder=st.holder, status=st.status,
+                    deadline=store.client.zscore(store.keys.queued, job_id),
+                    now=store.now_ms())
+        message.ack()
+
+    assert _state(store, job_id).holder is None  # received only: no hold recorded yet
+    _request(app, message, on_ack).on_accepted(os.getpid(), 0.0)
+
+    assert seen["status"] == "queued"
+    assert seen["holder"] == f"{HOSTNAME}:{os.getpid()}"
+    lease_ms = store.settings.lease_s * 1000
+    assert seen["now"] - 1000 < seen["deadline"] - lease_ms <= seen["now"]
+    assert message.acknowledged
+
+
+def test_a_late_acknowledgement_holds_nothing_at_acceptance(
+        app: Celery, taken: Callable[[], tuple[Store, Occurrence, Message]]) -> None:
+    app.tasks["t"].acks_late = True
+    store, occ, message = taken()
+    job_id = occ.job_id
+    acked: list[bool] = []
+    _request(app, message, lambda *args: acked.append(True)).on_accepted(os.getpid(), 0.0)
+    assert not acked  # acknowledged after the run: the broker keeps it until then
+    assert _state(store, job_id).holder is None
+
+
+def test_a_hold_a_heartbeat_recorded_costs_no_second_round_trip(
+        app: Celery, taken: Callable[[], tuple[Store, Occurrence, Message]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store, occ, message = taken()
+    job_id = occ.job_id
+    request = _request(app, message, lambda *args: message.ack())
+    beat = heartbeat.heartbeat_for(app, store)
+    beat.hold(request, (job_id, occ.occurrence, 1, 1, "t"), f"{HOSTNAME}:{os.getpid()}")
+    beat.beat()
+    assert _state(store, occ.job_id).holder == f"{HOSTNAME}:{os.getpid()}"
+    holds: list[Any] = []
+    real_hold = store.hold
+    monkeypatch.setattr(store, "hold", lambda *args: holds.append(args) or real_hold(*args))
+    request.on_accepted(os.getpid(), 0.0)
+    assert holds == [] and message.acknowledged
+
+
+def test_a_hold_of_an_occurrence_that_started_already_is_dropped(
+        app: Celery, taken: Callable[[], tuple[Store, Occurrence, Message]]) -> None:
+    """The pool process may run the start before the main process hears it accepted."""
+    store, occ, message = taken()
+    job_id = occ.job_id
+    assert store.start(job_id, occ.occurrence, 1, delivery=1, task="t").status == "ok"
+    request = _request(app, message, lambda *args: message.ack())
+    request.on_accepted(os.getpid(), 0.0)
+    beat = heartbeat.heartbeat_for(app, store)
+    assert beat.held() == []  # nothing left for the heartbeat to keep alive
+    st = _state(store, job_id)
+    assert (st.status, st.holder) == ("running", None)
+
+
+def test_a_tasks_own_request_class_is_kept_under_the_hold(
+        app: Celery, taken: Callable[[], tuple[Store, Occurrence, Message]]) -> None:
+    accepted: list[int] = []
+
+    class Audited(Request):
+        def on_accepted(self, pid: Any, time_accepted: float) -> None:
+            accepted.append(pid)
+            super().on_accepted(pid, time_accepted)
+
+    task = app.task(name="audited", Request=Audited)(_noop)
+    install_start(app)
+    cls = task.Request
+    assert issubclass(cls, Audited) and cls.zsched_holds
+    install_start(app)
+    assert task.Request is cls  # installing twice does not wrap twice
+    assert issubclass(symbol_by_name(app.tasks["t"].Request), Request)
+    store, occ, message = taken()
+    request = cls(message, on_ack=lambda *args: message.ack(), app=app, task=task,
+                  hostname=HOSTNAME, body=message.body, headers=message.headers,
+                  decoded=False, utc=True)
+    request.on_accepted(1234, 0.0)
+    assert accepted == [1234] and message.acknowledged
+    assert _state(store, occ.job_id).holder == f"{HOSTNAME}:{os.getpid()}"
