@@ -68,6 +68,16 @@ def states(d: Deployment) -> dict[str, RuntimeState]:
             for job_id, raw in d.store.client.hgetall(d.store.keys.state).items()}
 
 
+def stuck_report(d: Deployment, ids: list[str], since_ms: int) -> str:
+    """What a wait for every job to settle after ``since_ms`` found stuck, for its failure:
+    the jobs not dead and not settled since, and the queued set's first deadlines."""
+    stuck = {job_id: st for job_id, st in states(d).items()
+             if job_id in ids and st.status != "dead" and (st.last_settled_ms or 0) <= since_ms}
+    deadlines = d.store.client.zrange(d.store.keys.queued, 0, 4, withscores=True)
+    return (f"{len(stuck)} parked, e.g. {list(stuck.items())[:3]}; first deadlines "
+            f"{deadlines}, now {d.store.now_ms()}")
+
+
 def counters(d: Deployment) -> Counter[str]:
     """The store's lifetime counters (promoted, started, duplicates, lost, dead, ...)."""
     raw = d.store.client.hgetall(d.store.keys.counters)

@@ -38,6 +38,7 @@ from e2e.observe import (
     sampling,
     settles,
     states,
+    stuck_report,
     wait_all,
     wait_ready,
     wait_redis_ms,
@@ -254,8 +255,12 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
     # A last worker that lives: every job must come back and run.
     end_ms = d.store.now_ms()
     d.start_worker("last", pool="prefork", concurrency=4)
-    final = wait_all(d, ids, lambda st: st.status == "dead" or (st.last_settled_ms or 0) > end_ms,
-                     n / 5 + 90, "every live job to settle a run after the crash loop")
+    try:
+        final = wait_all(d, ids,
+                         lambda st: st.status == "dead" or (st.last_settled_ms or 0) > end_ms,
+                         n / 5 + 90, "every live job to settle a run after the crash loop")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {stuck_report(d, ids, end_ms)}") from None
 
     runs = executions(target, "/sleep/crash/")
     by_worker = {kill.worker: kill for kill in kills}

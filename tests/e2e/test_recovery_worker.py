@@ -39,7 +39,7 @@ from celery_zsched.beat.unacked import occurrence_in
 from celery_zsched.store import task_id_for
 from e2e.conftest import Deployment
 from e2e.names import ENV_START_DELAY_S, START_DELAYED
-from e2e.observe import SOAK, counters, report, states, wait_all, wait_ready
+from e2e.observe import SOAK, counters, report, states, stuck_report, wait_all, wait_ready
 from e2e.targets import Arrival, PacedTarget
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600 if SOAK else 600)]
@@ -157,11 +157,7 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
                          INTERVAL_S + 2 * lease_ms / 1000 + 90,
                          "every live job to settle a run after the crash loop")
     except AssertionError as exc:
-        stuck = {job_id: st for job_id, st in states(d).items()
-                 if st.status != "dead" and (st.last_settled_ms or 0) <= end_ms}
-        deadlines = d.store.client.zrange(d.store.keys.queued, 0, 4, withscores=True)
-        raise AssertionError(f"{exc}: {len(stuck)} parked, e.g. {list(stuck.items())[:3]}; "
-                             f"first deadlines {deadlines}, now {d.store.now_ms()}") from None
+        raise AssertionError(f"{exc}: {stuck_report(d, ids, end_ms)}") from None
 
     arrivals = target.arrivals()
     dead = {job_id for job_id, st in final.items() if st.status == "dead"}
