@@ -138,7 +138,10 @@ class Keys:
 
     @property
     def counters(self) -> str:
-        """Hash of global counters (promoted, complete, error, reaped, dead)."""
+        """Hash of lifetime counters: ``promoted`` and ``started``; each settle's label
+        (``complete``, ``error``, ...); and what the delivery contract caught
+        (``redelivered``, ``orphaned``, ``unpublished``, ``lost``, ``duplicates``,
+        ``refused``, ``deferred``, ``held``, ``dead``)."""
         return self._k("counters")
 
     @property
