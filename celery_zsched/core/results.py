@@ -241,6 +241,25 @@ class SettleResult:
 
 
 @dataclass(frozen=True)
+class SettleReport:
+    """One outcome to settle: what :meth:`Store.settle` takes, as a value
+    (:meth:`Store.settle_many` takes many)."""
+
+    job_id: str
+    occurrence: int
+    attempt: int
+    #: ``complete`` | ``error`` | ``skip``.
+    outcome: str
+    error: str = ""
+    retry_after_s: float | None = None
+    #: The run's timings, recorded with the settle event.
+    event: dict[str, Any] | None = None
+    http_status: int | None = None
+    fence: int | None = None
+    delivery: int | None = None
+
+
+@dataclass(frozen=True)
 class NoticeGate:
     """What the notifiers' shared rate limit and digest said (``notify.lua``)."""
 

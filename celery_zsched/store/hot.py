@@ -13,6 +13,7 @@ from celery_zsched.core.results import (
     ClaimBatch,
     Claimed,
     ReapResult,
+    SettleReport,
     SettleResult,
     StartResult,
     merge_batches,
@@ -329,43 +330,65 @@ class HotPath(Writes):
         if outcome not in ("complete", "error", "skip"):
             raise ValueError(f"unknown outcome {outcome!r}")
         keys = self.part_of(job_id)
+        report = SettleReport(job_id, occurrence, attempt, outcome, error=error,
+                              retry_after_s=retry_after_s, event=event,
+                              http_status=http_status, fence=fence, delivery=delivery)
         for _ in range(5):
             raw, now = known if known is not None else self._definition_and_time(keys, job_id)
             known = None
-            relative = False
-            if raw is None:
-                # Deleted while in flight: the script records the outcome of the
-                # occurrence (if it is the current one) and forgets the job.
-                job = None
-                label, next_due, next_occ, next_attempt = LABELS[outcome], None, occurrence, 1
-            else:
-                job = job_of(raw)
-                label, next_due, next_occ, next_attempt, relative = self._decide(
-                    job, outcome, occurrence, attempt, now, retry_after_s)
-            reply = self._call_hot(
-                scripts.SETTLE, keys, id=job_id, occurrence=occurrence, attempt=attempt,
-                outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
-                next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
-                signature=job.timing_signature if job else "",
-                max_runs=(job.max_runs or 0) if job else 0,
-                events_maxlen=self.settings.events_maxlen,
-                event=json.dumps(bounded_timings(event or {}, now), separators=(",", ":")),
-                http_status="" if http_status is None else http_status,
-                retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
-                pacing=self.pacing, fence="" if fence is None else fence,
-                delivery="" if delivery is None else delivery,
-                clock_ms=now if relative else "",
-                end_ms="" if job is None or job.end_at is None else job.end_at)
-            if reply.verdict == "changed":
-                continue
-            if job is None or reply.verdict == "deleted":
-                return SettleResult(False, "deleted", label,
-                                    breaker_opened=reply.breaker_opened)
-            if reply.verdict == "ok" and reply.status is not None:
-                return SettleResult(True, reply.status, label, reply.next_due_ms, reply.now_ms,
-                                    reply.consecutive_failures, reply.breaker_opened, job)
-            return SettleResult(False, reply.verdict, label, job=job)
+            args, job, label = self.settle_args(report, raw, now)
+            result = self.settle_result(self._call_hot(scripts.SETTLE, keys, **args),
+                                        job, label)
+            if result is not None:
+                return result
         return SettleResult(False, "changed", outcome)
+
+    def settle_args(self, report: SettleReport, raw: str | None, now: int
+                    ) -> tuple[dict[str, Any], Job | None, str]:
+        """The settle script's arguments for ``report``, given the job's definition
+        ``raw`` and Redis' clock ``now``; the job and the status label."""
+        job_id, occurrence, attempt, outcome = (report.job_id, report.occurrence,
+                                                report.attempt, report.outcome)
+        relative = False
+        if raw is None:
+            # Deleted while in flight: the script records the outcome of the
+            # occurrence (if it is the current one) and forgets the job.
+            job = None
+            label, next_due, next_occ, next_attempt = LABELS[outcome], None, occurrence, 1
+        else:
+            job = job_of(raw)
+            label, next_due, next_occ, next_attempt, relative = self._decide(
+                job, outcome, occurrence, attempt, now, report.retry_after_s)
+        fence, delivery, status = report.fence, report.delivery, report.http_status
+        args = dict(
+            id=job_id, occurrence=occurrence, attempt=attempt,
+            outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
+            next_occurrence=next_occ, next_attempt=next_attempt, error=report.error[:2000],
+            signature=job.timing_signature if job else "",
+            max_runs=(job.max_runs or 0) if job else 0,
+            events_maxlen=self.settings.events_maxlen,
+            event=json.dumps(bounded_timings(report.event or {}, now), separators=(",", ":")),
+            http_status="" if status is None else status,
+            retry_after_ms=("" if report.retry_after_s is None
+                            else round(report.retry_after_s * 1000)),
+            pacing=self.pacing, fence="" if fence is None else fence,
+            delivery="" if delivery is None else delivery,
+            clock_ms=now if relative else "",
+            end_ms="" if job is None or job.end_at is None else job.end_at)
+        return args, job, label
+
+    @staticmethod
+    def settle_result(reply: Any, job: Job | None, label: str) -> SettleResult | None:
+        """What the settle script's ``reply`` means; ``None``: the definition's timing
+        changed meanwhile, so the settle must be decided again."""
+        if reply.verdict == "changed":
+            return None
+        if job is None or reply.verdict == "deleted":
+            return SettleResult(False, "deleted", label, breaker_opened=reply.breaker_opened)
+        if reply.verdict == "ok" and reply.status is not None:
+            return SettleResult(True, reply.status, label, reply.next_due_ms, reply.now_ms,
+                                reply.consecutive_failures, reply.breaker_opened, job)
+        return SettleResult(False, reply.verdict, label, job=job)
 
     def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
         """A job's definition and the clock of the server that holds it (one round trip)."""
