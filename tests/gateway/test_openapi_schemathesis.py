@@ -47,7 +47,7 @@ EXAMPLES = 1000 if SOAK else 60
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, response_headers_conformance]
 #: Jobs the module seeds: most HTTP ones are claimed for their lease tokens.
-HTTP_IDS = [f"st-http-{n}" for n in range(22)] + ["st/with/slashes", "st:colon@x"]
+HTTP_IDS = [f"st-http-{n}" for n in range(28)] + ["st/with/slashes", "st:colon@x"]
 CELERY_IDS = ["st-celery-1", "st-celery-2"]
 #: Jobs only DELETE may pick, so that it leaves the others to the other operations.
 DOOMED_IDS = [f"st-doomed-{n}" for n in range(8)]
