@@ -448,6 +448,8 @@ def drain(server: Server, store: Any, redis_ps: Any, args: argparse.Namespace,
         "never_handed_out": len(ids - set(tally.handed)),
         "counter_promoted": stats.get("total_promoted", 0),
         "counter_complete": stats.get("total_complete", 0),
+        # Leases that ran out unreported and came back (each one is handed out again).
+        "counter_redelivered": stats.get("total_redelivered", 0),
         **check,
     }
     out["ok"] = (check["settled_once"] == args.jobs and check["settled_twice_or_more"] == 0

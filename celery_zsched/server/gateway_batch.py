@@ -49,7 +49,8 @@ def _body_schema() -> dict[str, Any]:
 
 
 def _invalid(row: int, job_id: str | None, found: list[tuple[str, str]]) -> dict[str, Any]:
-    fields = [(f"reports.{row}.{name}", message) for name, message in found]
+    fields = [(".".join(("reports", str(row), *([name] if name else []))), message)
+              for name, message in found]
     problem = bad_field(*fields[0])
     return {"id": job_id, "code": 400, "title": problem.title, "detail": problem.detail,
             "field": fields[0][0],
