@@ -6,7 +6,7 @@ and accept() then fails for everyone (EMFILE). uvicorn's ``limit_concurrency``
 does not help (it answers 503 to requests, but keeps the connections), nor does
 its keep-alive timeout (it runs only after a first answer, and any byte stops it).
 So the HTTP protocol here is uvicorn's (h11's, or httptools' when it is installed:
-the ``standard`` extra; see :func:`guarded_protocol`) with four additions:
+the ``standard`` extra; see :func:`guarded_protocol`) with five additions:
 
 - **a connection cap** (``zsched_http_max_connections``; by default the soft fd
   limit minus :data:`FD_RESERVE`): a connection past it closes the *oldest idle*
@@ -18,6 +18,8 @@ the ``standard`` extra; see :func:`guarded_protocol`) with four additions:
   however slowly its bytes trickle in (slowloris);
 - **a body timeout** (``zsched_http_body_timeout_s``): the longest pause between
   two reads of a request body (not counted while the app is the one not reading);
+- a request head (request line and headers) of at most :data:`MAX_HEAD_BYTES`,
+  as h11 has on its own and httptools has not;
 - a listen backlog of :data:`BACKLOG`, which bounds how many sockets one event
   loop tick accepts before the cap can close the extra ones.
 
@@ -57,6 +59,9 @@ FD_RESERVE = 64 + 4 * BACKLOG
 MAX_AUTO_CONNECTIONS = 4096
 #: Fewest connections the server runs with (an fd limit too low for the reserve).
 MIN_CONNECTIONS = 16
+#: Largest request head (request line and headers): h11's own limit, which
+#: httptools lacks, so the guard keeps it on either parser.
+MAX_HEAD_BYTES = 16 * 1024
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -118,6 +123,11 @@ else:
     _Protocol = object
 
 
+_HEAD_TOO_LARGE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                   b"Connection: close\r\nContent-Length: 30\r\n\r\n"
+                   b"Invalid HTTP request received.")
+
+
 class GuardedProtocol(_Protocol):
     """A connection cap, and header and body timeouts, for one of uvicorn's protocols.
 
@@ -135,6 +145,8 @@ class GuardedProtocol(_Protocol):
     _timer: asyncio.TimerHandle | None = None
     _phase = "head"
     _seen: object = None
+    #: Bytes received since the current request head began.
+    _head_bytes = 0
 
     # ------------------------------------------------------------- events
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -148,6 +160,15 @@ class GuardedProtocol(_Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._track(data_arrived=True)
+        if self._phase == "head" and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                # The answer h11 gives past its limit, then no more reading.
+                self._count("head too large")
+                self.idle.pop(self, None)
+                self._cancel()
+                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -178,6 +199,7 @@ class GuardedProtocol(_Protocol):
 
     def _enter(self, phase: str) -> None:
         self._phase = phase
+        self._head_bytes = 0
         if phase == "head":
             # The newest idle connection goes last: eviction takes the oldest first.
             self.idle.pop(self, None)
