@@ -34,6 +34,8 @@ from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.store import Held, Store
 
 logger = logging.getLogger("celery_zsched")
+#: Most holds one :meth:`Heartbeat.hold_now` records in its round trip.
+HOLD_BATCH = 200
 
 
 class Heartbeat:
@@ -85,28 +87,36 @@ class Heartbeat:
         """:meth:`hold`, and record the hold in Redis now unless a beat has already.
 
         For a message about to be acknowledged before it starts: from then on
-        only the hold tells the reaper about it. Redis unreachable: logged, and
-        the message goes on (its start needs Redis too, and retries).
+        only the hold tells the reaper about it. Every other message this
+        process holds and Redis does not know of yet (the prefetch received
+        since) is recorded in the same round trip, so the next ones to be
+        acknowledged need none: one round trip per prefetch, not per message.
+        Redis unreachable: logged, and the message goes on (its start needs
+        Redis too, and retries).
         """
         with self._lock:
             self._held[request] = row
             self.holder = self.holder or holder
-            recorded = request in self._recorded
+            if request in self._recorded:
+                return
+            batch = [(each, held) for each, held in self._held.items()
+                     if each not in self._recorded][:HOLD_BATCH - 1]
+            if all(each is not request for each, _ in batch):
+                batch.append((request, row))
         self._ensure_thread()
-        if recorded:
-            return
         try:
-            kept = self.store.hold(row, self.worker or self.holder)
+            gone = set(self.store.hold([held for _, held in batch], self.worker or self.holder))
         except StoreUnavailable as exc:
             logger.warning("zsched: could not hold %s before acknowledging it (%s); if this "
                            "worker dies before it starts, it waits for its delivery deadline",
                            row[0], exc)
             return
         with self._lock:
-            if kept:
-                self._recorded.add(request)
-            else:
-                self._held.pop(request, None)
+            for each, held in batch:
+                if held[0] in gone:
+                    self._held.pop(each, None)
+                else:
+                    self._recorded.add(each)
 
     def unhold(self, job_id: str) -> None:
         """This process started (or dropped) ``job_id``'s message: it holds it no more."""

@@ -16,7 +16,9 @@ Two moments need a hold:
   run the start compare-and-set. Killed in between, the message is gone from
   every broker and the occurrence is not running: nothing but a hold
   names it. So the hold is recorded in Redis (one round trip) before the
-  acknowledgement, unless a heartbeat recorded it already.
+  acknowledgement, unless a heartbeat or an earlier acknowledgement recorded it
+  already: each such round trip records every message received and not yet
+  recorded (the prefetch), so it is paid about once per prefetch.
 """
 
 from __future__ import annotations
