@@ -199,11 +199,13 @@ def test_a_tasks_own_request_class_is_kept_under_the_hold(
     assert _state(store, occ.job_id).holder == f"{HOSTNAME}:{os.getpid()}"
 
 
-def test_one_round_trip_holds_the_whole_prefetch_before_the_first_acknowledgement(
-        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The main process accepts its prefetch one message after another: the first
-    acceptance records every message received so far, so the others are held in
-    Redis when they are acknowledged and cost no round trip of their own."""
+@pytest.mark.parametrize("on_receipt", [False, True], ids=["batched", "sent-on-receipt"])
+def test_the_prefetch_is_held_before_each_acknowledgement_without_a_round_trip_each(
+        app: Celery, monkeypatch: pytest.MonkeyPatch, on_receipt: bool) -> None:
+    """The main process accepts its prefetch one message after another. Each message
+    is held in Redis when it is acknowledged, yet: either its hold went out when it
+    was received (its reply read at the acceptance, no round trip waited for), or
+    the first acceptance records every message received so far in one round trip."""
     ids = [f"p{i}" for i in range(5)]
     store = _published(app, ids)
     beat = heartbeat.heartbeat_for(app, store)
@@ -225,9 +227,13 @@ def test_one_round_trip_holds_the_whole_prefetch_before_the_first_acknowledgemen
                 seen[job_id] = _state(store, job_id).holder
                 message.ack()
             request = _request(app, message, on_ack)
-            beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder)  # received
+            beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
+                      record=on_receipt)
             requests.append(request)
         for request in requests:
             request.on_accepted(os.getpid(), 0.0)
     assert seen == {job_id: holder for job_id in ids}
-    assert len(holds) == 1 and len(holds[0][0]) == len(ids)
+    if on_receipt:
+        assert holds == [] and store.lane is not None and store.lane.pending == 0
+    else:
+        assert len(holds) == 1 and len(holds[0][0]) == len(ids)

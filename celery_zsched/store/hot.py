@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from celery_zsched.core.results import (
@@ -24,6 +24,8 @@ logger = logging.getLogger("celery_zsched")
 #: Longest a worker sits out a closed domain gate at start before it hands the
 #: occurrence back to the schedule instead (a prefork slot waits meanwhile).
 START_WAIT_MAX_S = 2.0
+#: Most replies left unread on the lane before a call sent ahead reads them first.
+LANE_MAX_PENDING = 64
 
 
 class HotPath(Settles):
@@ -201,6 +203,30 @@ class HotPath(Settles):
                                  for i, part_rows in groups.items()]
             gone = [row for reply in self._run(calls) for row in scripts.HEARTBEAT.reply(reply)]
         return [job_id for _, job_id in gone]
+
+    @unavailable
+    def hold_soon(self, row: Held, worker: str,
+                  then: Callable[[list[str] | None], None]) -> None:
+        """:meth:`hold` of one message, sent now; its reply is read by the next
+        :meth:`collect`, which hands ``then`` the ids no longer held (``None``: no
+        reply could be had; hold it the usual way). A store without a lane holds at once."""
+        if self.lane is None:
+            then(self.hold([row], worker))
+            return
+        if self.lane.pending >= LANE_MAX_PENDING:
+            self.collect()  # nobody read for a while (an idle worker): keep the backlog short
+        job_id, occurrence, attempt, delivery, task = row
+        keys = self.part_of(job_id)
+
+        def on_reply(reply: Any) -> None:
+            then(None if reply is None
+                 else [job_id for _, job_id in scripts.HEARTBEAT.reply(reply)])
+        args = {"lease_ms": int(self.settings.lease_s * 1000), "worker": worker, "queues": ""}
+        with redis_unavailable():
+            self.lane.send(self._scripts[scripts.HEARTBEAT.name],
+                           scripts.HEARTBEAT.key_names(keys),
+                           scripts.HEARTBEAT.argv(args, [("h", job_id, occurrence, attempt,
+                                                           delivery, task)]), on_reply)
 
     @unavailable
     def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:

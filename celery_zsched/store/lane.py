@@ -1,10 +1,12 @@
-"""Script calls sent now whose replies are read later: the worker's settles off the task's path.
+"""Script calls sent now whose replies are read later: round trips off the worker's path.
 
 A worker that runs tasks back to back settles one and starts the next. The
 settle is sent the moment the task is done, so Redis applies it then, exactly
 as a waited-for call; only reading its reply waits, until the process's next
 start (whose own round trip the reply has long arrived by) or a short timer.
-The task slot never sits out a round trip for it.
+The task slot never sits out a round trip for it. Likewise a worker's main
+process sends the hold of each message it receives at once, and reads the
+reply when it accepts the message, before acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
 process, checked out of the client's pool while replies are unread and given
@@ -70,6 +72,9 @@ class Lane:
         out: list[tuple[OnReply, Any]] = []
         with self._lock:
             self._forget_after_fork()
+            if self._conn is None:  # a send broke the connection: the earlier replies with it
+                out.extend((on_reply, None) for on_reply in self._pending)
+                self._pending.clear()
             while self._pending:
                 on_reply = self._pending.popleft()
                 try:
