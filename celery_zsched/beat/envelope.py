@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -77,28 +77,33 @@ class _Template:
         marked["properties"] = properties = dict(message["properties"])
         properties["correlation_id"] = _mark("h:id")
         properties["delivery_tag"] = _mark("tag")
+        # Text before the first field, the field, text, ..., the text after the last one.
         pieces = _MARK.split(_ENCODE(marked))
-        #: Text before each field, the field, ..., and the text after the last one.
-        self.text = pieces[::2]
+        self.text = "%s".join(text.replace("%", "%%") for text in pieces[::2])
         self.fields = pieces[1::2]
         self.embed = embed
 
     def build(self, message: Message, delivery_tag: str) -> str:
         """The envelope kombu would push for this message."""
         task_id = f'"{message.task_id}"'
-        body = f"[{_ENCODE(message.args)}, {_ENCODE(message.kwargs)}, {self.embed}]"
+        args = message.args
+        body = f"[{_json(args) if args else '[]'}, {_ENCODE(message.kwargs)}, {self.embed}]"
         values = {"body": f'"{base64.b64encode(body.encode()).decode("ascii")}"',
                   "tag": f'"{delivery_tag}"', "h:id": task_id, "h:root_id": task_id,
-                  "h:argsrepr": _ENCODE(message.argsrepr),
-                  "h:kwargsrepr": _ENCODE(message.kwargsrepr)}
+                  "h:argsrepr": _STR(message.argsrepr), "h:kwargsrepr": _STR(message.kwargsrepr)}
         for name, value in message.headers.items():
-            values["h:" + name] = _ENCODE(value)
-        text = self.text
-        out = [text[0]]
-        for i, field in enumerate(self.fields, 1):
-            out.append(values[field])
-            out.append(text[i])
-        return "".join(out)
+            values["h:" + name] = _json(value)
+        return self.text % tuple([values[field] for field in self.fields])
+
+
+def _json(value: Any) -> str:
+    """``_ENCODE(value)``, without its per-call set-up for strings and integers."""
+    kind = type(value)
+    if kind is str:
+        return _STR(value)
+    if kind is int:
+        return int.__repr__(value)
+    return _ENCODE(value)
 
 
 def _mark(field: str) -> str:
@@ -111,6 +116,8 @@ _MARK = re.compile(r'"\\u0000([^"\\]+)\\u0000"')
 
 #: kombu's JSON encoder, made once: ``kombu.utils.json.dumps`` makes one per call.
 _ENCODE = kombu_json.JSONEncoder().encode
+#: How it writes a string (it escapes everything but ASCII: ``ensure_ascii``).
+_STR = json.encoder.encode_basestring_ascii
 
 
 class RedisPush:
@@ -163,7 +170,7 @@ class RedisPush:
             return
         template = self.templates.get(route, _UNKNOWN)
         if isinstance(template, _Template):
-            payload = template.build(message, str(uuid.uuid4()))
+            payload = template.build(message, _delivery_tag())
             for key in template.keys:
                 self.lists.setdefault(key, []).append(payload)
             return
@@ -195,4 +202,13 @@ class RedisPush:
             pipe.execute()
 
 
+def _delivery_tag() -> str:
+    """``str(uuid.uuid4())``, as kombu's virtual channel tags a message, minus the ``UUID``."""
+    value = int.from_bytes(os.urandom(16)) & _VERSION_MASK | _VERSION_4
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+_VERSION_MASK = ~((0xF000 << 64) | (0xC000 << 48))
+_VERSION_4 = (4 << 76) | (0x8000 << 48)
 _UNKNOWN = object()

@@ -201,6 +201,7 @@ class _BatchSender:
         self.overrides: dict[str, Any] = {"retry": False} if buffered else {}
         self.routes: dict[tuple[Any, ...], _Route] = {}
         self.declared: set[int] = set()
+        self.on_task_call = app.backend.on_task_call
         # Dict routes (task_routes mappings) look at the task name only; others may
         # look at the arguments, so their route is worked out per message.
         self.cacheable = all(isinstance(maybe_evaluate(r), MapRoute) for r in self.router.routes)
@@ -244,7 +245,7 @@ class _BatchSender:
             self._publish(route, name, message)
             return
         if not route.ignore_result:
-            self.app.backend.on_task_call(self.producer, task_id)
+            self.on_task_call(self.producer, task_id)
         # A relative expiry is an absolute time per message: no template.
         template_key = (key, tuple(message.headers)) if self.cacheable and route.expires is None \
             else None
