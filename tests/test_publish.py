@@ -334,3 +334,13 @@ def test_task_id_is_uuid5_of_the_occurrence(job_id: str, occurrence: int, attemp
     """task_id_for, written out for speed, names a message as uuid5 always has."""
     expected = uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}")
     assert task_id_for(job_id, occurrence, attempt) == str(expected)
+
+
+def test_templated_messages_get_distinct_uuid4_delivery_tags() -> None:
+    """As kombu tags each message with str(uuid4()): well-formed, and none twice."""
+    push = envelope.RedisPush(channel=None)
+    tags = [push._delivery_tag() for _ in range(5_000)]
+    assert len(set(tags)) == len(tags)
+    for tag in tags:
+        parsed = uuid.UUID(tag)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, tag)

@@ -127,6 +127,7 @@ class RedisPush:
         self.channel = channel
         self.lists: dict[str, list[str]] = {}
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
+        self.random: list[int] = []
 
     def capture(self, send: Callable[[], None]) -> list[tuple[str, dict[str, Any]]]:
         """Run ``send`` (Celery's and kombu's publish) with kombu's final push caught.
@@ -170,7 +171,7 @@ class RedisPush:
             return
         template = self.templates.get(route, _UNKNOWN)
         if isinstance(template, _Template):
-            payload = template.build(message, _delivery_tag())
+            payload = template.build(message, self._delivery_tag())
             for key in template.keys:
                 self.lists.setdefault(key, []).append(payload)
             return
@@ -191,6 +192,16 @@ class RedisPush:
             return None
         return template if rebuilt == self.lists[key][-1] else None
 
+    def _delivery_tag(self) -> str:
+        """``str(uuid.uuid4())``, as kombu's virtual channel tags a message, minus the
+        ``UUID``; the random bytes are read 1,000 tags at a time."""
+        if not self.random:
+            pool = os.urandom(16_000)
+            self.random = [int.from_bytes(pool[i:i + 16]) for i in range(0, 16_000, 16)]
+        value = self.random.pop() & _VERSION_MASK | _VERSION_4
+        text = f"{value:032x}"
+        return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
     def push(self) -> None:
         """LPUSH what was collected, one command per list, in one round trip."""
         if not self.lists:
@@ -200,13 +211,6 @@ class RedisPush:
             for key, payloads in lists.items():
                 pipe.lpush(key, *payloads)
             pipe.execute()
-
-
-def _delivery_tag() -> str:
-    """``str(uuid.uuid4())``, as kombu's virtual channel tags a message, minus the ``UUID``."""
-    value = int.from_bytes(os.urandom(16)) & _VERSION_MASK | _VERSION_4
-    text = f"{value:032x}"
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 _VERSION_MASK = ~((0xF000 << 64) | (0xC000 << 48))

@@ -130,7 +130,7 @@ def _plain(obj: Any, level: int, maxlevels: int) -> bool:
     kind = type(obj)
     if kind is str:
         return _plain_str(obj)
-    if obj is None or kind is int or kind is float or kind is bool:
+    if kind in _SCALARS:
         return True
     if kind is not dict and kind is not list and kind is not tuple:
         return False
@@ -138,15 +138,25 @@ def _plain(obj: Any, level: int, maxlevels: int) -> bool:
         return False
     level += 1
     if kind is dict:
-        for key, value in obj.items():
-            if type(key) is not str or not _plain_str(key) or not _plain(value, level, maxlevels):
+        if not all(type(key) is str and _plain_str(key) for key in obj):
+            return False
+        obj = obj.values()
+    # The leaves inline: most values of a job's arguments are strings and numbers.
+    for value in obj:
+        kind = type(value)
+        if kind is str:
+            if "'" in value or "\\" in value or not value.isprintable():
                 return False
-        return True
-    return all(_plain(value, level, maxlevels) for value in obj)
+        elif kind not in _SCALARS and not _plain(value, level, maxlevels):
+            return False
+    return True
 
 
 def _plain_str(text: str) -> bool:
     return "'" not in text and "\\" not in text and text.isprintable()
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 class _Route:
