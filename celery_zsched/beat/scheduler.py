@@ -167,7 +167,8 @@ class ZSchedScheduler(Scheduler):
         self._clock = (batch.now_ms, time.monotonic())
         level = logging.INFO if batch.jobs or batch.held or reaped else logging.DEBUG
         log_event("poll_stats", level, promoted=published, claimed=len(batch.jobs),
-                  paced=batch.held, reaped=reaped, partitions=len(plan),
+                  paced=batch.held, queue_held=batch.queue_held, reaped=reaped,
+                  partitions=len(plan),
                   tick_ms=round((time.perf_counter() - started) * 1000, 3))
         if self.visits.any_full:
             return 0.0

@@ -169,7 +169,8 @@ class Keys:
         """Hash of lifetime counters: ``promoted`` and ``started``; each settle's label
         (``complete``, ``error``, ...); and what the delivery contract caught
         (``redelivered``, ``orphaned``, ``unpublished``, ``lost``, ``duplicates``,
-        ``refused``, ``deferred``, ``held``, ``dead``)."""
+        ``refused``, ``deferred``, ``held``, ``dead``); ``queue_held``: due jobs
+        held back because their queue was at its bound."""
         return self._k("counters")
 
     @property
