@@ -10,6 +10,7 @@ the set they count.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -20,8 +21,13 @@ import pytest
 from celery_zsched.config import Settings
 from celery_zsched.core.errors import ConfigurationError
 from celery_zsched.core.job import Job
+from celery_zsched.metrics.exporter import serve
 from celery_zsched.store import Claimed, Store
-from celery_zsched.store.keys import PARK_BASE
+from celery_zsched.store.keys import PARK_BASE, Keys
+from celery_zsched.store.repartition import repartition
+from tests.cli_env import ROOT, invoke
+from tests.helpers import free_port
+from tests.test_metrics import scrape, value
 
 
 def _job(job_id: str, queue: str | None = None) -> Job:
@@ -40,15 +46,17 @@ def _add_due(store: Store, *jobs: Job) -> dict[str, int]:
     return dues
 
 
-def _counts(store: Store) -> dict[str, int]:
-    return {q: int(n) for q, n in store.client.hgetall(store.keys.queue_in_flight).items()}
+def _counts(store: Store, keys: Keys | None = None) -> dict[str, int]:
+    keys = keys or store.keys
+    return {q: int(n) for q, n in store.client.hgetall(keys.queue_in_flight).items()}
 
 
-def _tally(store: Store) -> dict[str, int]:
+def _tally(store: Store, keys: Keys | None = None) -> dict[str, int]:
     """What the counts must be: each occurrence in ``queued`` under its state's queue."""
-    ids = store.client.zrange(store.keys.queued, 0, -1)
+    keys = keys or store.keys
+    ids = store.client.zrange(keys.queued, 0, -1)
     found: Counter[str] = Counter()
-    for raw in store.client.hmget(store.keys.state, ids) if ids else []:
+    for raw in store.client.hmget(keys.state, ids) if ids else []:
         queue = json.loads(raw).get("bq") if raw else None
         if queue is not None:
             found[queue] += 1
@@ -310,3 +318,55 @@ def test_a_per_queue_bound_out_of_range_is_refused_naming_the_setting(
     with pytest.raises(ConfigurationError) as caught:
         Settings.from_mapping({}, env={f"ZSCHED_{k.upper()}": str(v) for k, v in values.items()})
     assert message in str(caught.value)
+
+
+# ------------------------------------------------------- what operators see
+def test_the_exporter_and_stats_show_each_queues_in_flight_and_held_back(
+        make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(queue_max_queued=1)
+    _add_due(store, _job("a0", "a"), _job("a1", "a"), _job("a2", "a"), _job("b0", "b"))
+    assert _ids(store.claim().jobs) == ["a0", "b0"]
+    port = free_port()
+    server, _thread = serve(store, port)
+    try:
+        samples = scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert value(samples, "zsched_queue_in_flight", queue="a") == 1
+    assert value(samples, "zsched_queue_in_flight", queue="b") == 1
+    assert value(samples, "zsched_queue_held_back", queue="a") == 2
+    assert value(samples, "zsched_queue_held_back", queue="b") == 0
+    assert value(samples, "zsched_queue_holds_total") == 2
+    assert (value(samples, "zsched_queue_bound"), value(samples, "zsched_queued_cap")) == (
+        1, 10_000)
+    for name, setting in (("REDIS_URL", store.settings.redis_url),
+                          ("KEY_PREFIX", store.settings.key_prefix), ("QUEUE_MAX_QUEUED", "1")):
+        monkeypatch.setenv(f"ZSCHED_{name}", setting)
+    monkeypatch.syspath_prepend(str(ROOT))
+    lines = invoke("stats").stdout.splitlines()
+    assert "queue a: 1/1 in flight, 2 held back" in lines
+    assert "queue b: 1/1 in flight, 0 held back" in lines
+    as_json = json.loads(invoke("stats", "--json").stdout)
+    assert as_json["queues"]["a"] == {"in_flight": 1, "held_back": 2}
+    assert as_json["held_back"] == 2
+
+
+# ------------------------------------------------------------- repartition
+def test_repartition_recounts_every_partition_and_releases_held_jobs(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store(queue_max_queued=2)
+    dues = _add_due(store, *(_job(f"a{i}", "a") for i in range(5)), _job("b0", "b"))
+    assert _ids(store.claim().jobs) == ["a0", "a1", "b0"]
+    repartition(store.client, store.settings, 3)
+    moved = Store(store.client, dataclasses.replace(store.settings, partitions=3))
+    total: Counter[str] = Counter()
+    for keys in moved.parts:
+        assert _counts(store, keys) == _tally(store, keys)
+        total.update(_counts(store, keys))
+        assert store.client.zcount(keys.schedule, PARK_BASE, "+inf") == 0
+        assert store.client.exists(keys.queue_held) == 0
+    assert total == {"a": 2, "b": 1}
+    # The held jobs are plainly due again, at their own due times.
+    assert [moved.get(f"a{i}").due_ms for i in range(2, 5)] == [dues[f"a{i}"]
+                                                                for i in range(2, 5)]
