@@ -124,7 +124,7 @@ def test_a_queue_whose_workers_are_down_holds_back_only_its_own_jobs(
     base_from = d.store.now_ms() + 5_000
     base_to = base_from + int(BASELINE_S * 1000)
     wait_redis_ms(d, base_to, "the baseline")
-    dead_worker.stop()  # the dead queue's workers go down, then its jobs fall due
+    dead_worker.crash()  # the dead queue's workers go down, then its jobs fall due
     outage_ms = d.store.now_ms() + 3_000
     d.store.upsert_many(dead, first_due={
         job.id: outage_ms + int(i * DEAD_SPREAD_S * 1000 / DEAD_JOBS)
