@@ -146,7 +146,7 @@ class ZSchedScheduler(Scheduler):
         unstarted), it polls every ``max_interval``: they wait in the schedule.
         """
         started = time.perf_counter()
-        claimed = published = paced = 0
+        claimed = published = paced = queue_held = 0
         try:
             self._announce()
             if not self._static_synced and not self.sync_static():
@@ -172,6 +172,7 @@ class ZSchedScheduler(Scheduler):
                 claimed += len(batch.jobs)
                 published += count
                 paced += batch.held
+                queue_held += batch.queue_held
                 if following is None:
                     break
                 batches = following.result()
@@ -181,7 +182,7 @@ class ZSchedScheduler(Scheduler):
         self._failures = 0
         level = logging.INFO if claimed or paced or reaped else logging.DEBUG
         log_event("poll_stats", level, promoted=published, claimed=claimed,
-                  paced=paced, reaped=reaped, partitions=parts,
+                  paced=paced, queue_held=queue_held, reaped=reaped, partitions=parts,
                   tick_ms=round((time.perf_counter() - started) * 1000, 3))
         if self.visits.any_full:
             return 0.0

@@ -84,11 +84,13 @@ class ClaimBatch:
     room: int = 1
     #: Due jobs pacing held back (moved to their domain's next free slot).
     held: int = 0
+    #: Due jobs held back because their queue was at its bound (backpressure per queue).
+    queue_held: int = 0
 
     @property
     def taken(self) -> int:
         """Due jobs this claim dealt with: claimed or held back."""
-        return len(self.jobs) + self.held
+        return len(self.jobs) + self.held + self.queue_held
 
 
 def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
@@ -99,7 +101,8 @@ def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
     leases = [b.next_lease_ms for b in parts if b.next_lease_ms is not None]
     return ClaimBatch(max((b.now_ms for b in parts), default=0), min(dues, default=None),
                       min(leases, default=None), [j for b in parts for j in b.jobs],
-                      sum(b.room for b in parts), sum(b.held for b in parts))
+                      sum(b.room for b in parts), sum(b.held for b in parts),
+                      sum(b.queue_held for b in parts))
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,18 @@ class HotPath(Settles):
         """The backpressure bound of one partition: its share of ``queued_bound``."""
         return math.ceil(self.settings.queued_bound / len(self.parts))
 
+    @property
+    def partition_queue_bound(self) -> int:
+        """The per-queue backpressure bound of one partition: its share of ``queue_bound``."""
+        return math.ceil(self.settings.queue_bound / len(self.parts))
+
     @unavailable
     def claim(self, limit: int | None = None) -> ClaimBatch:
         """Atomically take up to ``limit`` due jobs and mark them queued (one round trip).
 
         Every partition gets an equal share of ``limit``. Fewer are taken when
-        the backpressure bound (``queued_bound``) is near.
+        the backpressure bound (``queued_bound``) is near; a job whose queue holds
+        ``queue_bound`` occurrences is held back in the schedule instead.
         """
         limit = limit or self.settings.batch_size
         share, extra = divmod(limit, len(self.parts))
@@ -62,7 +68,7 @@ class HotPath(Settles):
         # delivery deadline.
         args = {"deadline_ms": int(self.settings.publish_timeout_s * 1000),
                 "bound": self.partition_bound, "pacing": self.pacing, "status": "queued",
-                "queue": ""}
+                "queue": "", "queue_bound": self.partition_queue_bound}
         calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
                              for i, n in plan.items()]
         return {i: scripts.CLAIM.reply(reply)
@@ -82,7 +88,8 @@ class HotPath(Settles):
         args: dict[str, Any] = {
             "deadline_ms": int(self.settings.gateway_lease_s * 1000),
             # The running set also holds Celery executions: no bound here.
-            "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue}
+            "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue,
+            "queue_bound": 0}
         # Partitions one after the other from a rotating start, until ``limit``
         # are found: a share of ``limit`` per partition would leave a single
         # poller waiting while its job sits in another partition.
