@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -48,7 +48,8 @@ def routing_options(claimed: Claimed) -> dict[str, Any]:
     return options
 
 
-def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
+def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed],
+                  more_headers: Sequence[Mapping[str, str]] | None = None) -> None:
     """Send every job through one producer.
 
     Inside ``Producer.batch()`` kombu's Redis transport buffers the LPUSHes in
@@ -58,6 +59,8 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
 
     Messages are the ones ``app.send_task`` would send, built by
     :class:`_BatchSender` with the per-task work done once per batch.
+    ``more_headers`` (tracing's ``traceparent``), in the order of ``jobs``, are
+    added to each message's own.
     """
     if not jobs:
         return
@@ -67,21 +70,35 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
         if batch is not None:
             stack.enter_context(batch)
         if sender is None:
-            for claimed in jobs:
-                _send(app, producer, claimed)
+            extras = more_headers if more_headers is not None else [None] * len(jobs)
+            for claimed, more in zip(jobs, extras, strict=True):
+                _send(app, producer, claimed, more)
             return
         # send_task wraps each publish in this; the batch's flush stays outside it.
         stack.enter_context(producer.connection._reraise_as_library_errors())
-        for claimed in jobs:
-            sender.send(claimed)
+        if more_headers is None:
+            for claimed in jobs:
+                sender.send(claimed)
+        else:
+            for claimed, more in zip(jobs, more_headers, strict=True):
+                sender.send(claimed, more)
 
 
-def _send(app: Any, producer: Any, claimed: Claimed) -> None:
+def headers_of(claimed: Claimed, more: Mapping[str, str] | None) -> dict[str, Any]:
+    """The message's headers: the occurrence's, and ``more`` (tracing's) if any."""
+    headers = claimed.headers()
+    if more:
+        headers.update(more)
+    return headers
+
+
+def _send(app: Any, producer: Any, claimed: Claimed,
+          more: Mapping[str, str] | None = None) -> None:
     """The reference path: one ``app.send_task`` per job."""
     args, kwargs = message_args(claimed)
     app.send_task(
         claimed.job.task, args=args, kwargs=kwargs, task_id=claimed.task_id,
-        headers=claimed.headers(), producer=producer, **routing_options(claimed),
+        headers=headers_of(claimed, more), producer=producer, **routing_options(claimed),
     )
 
 
@@ -194,7 +211,7 @@ class _BatchSender:
             return None
         return cls(app, producer, buffered)
 
-    def send(self, claimed: Claimed) -> None:
+    def send(self, claimed: Claimed, more: Mapping[str, str] | None = None) -> None:
         job = claimed.job
         args, kwargs = message_args(claimed)
         name = job.task
@@ -205,7 +222,7 @@ class _BatchSender:
             options["headers"] = claimed.headers()
             route = self._route(name, options, args, kwargs)
             if route is None:  # an expiry send_task must convert itself
-                _send(self.app, self.producer, claimed)
+                _send(self.app, self.producer, claimed, more)
                 return
             if not self.router.routes:  # no task_routes: the route ignores the arguments
                 self.routes[key] = route
@@ -224,7 +241,8 @@ class _BatchSender:
         )
         for stamp in options.pop("stamped_headers", None) or ():
             options.pop(stamp)
-        options = {**self.overrides, **route.declare, **options, "headers": claimed.headers()}
+        options = {**self.overrides, **route.declare, **options,
+                   "headers": headers_of(claimed, more)}
         if not route.ignore_result:
             self.app.backend.on_task_call(self.producer, task_id)
         self.amqp.send_task_message(self.producer, name, message, **options)

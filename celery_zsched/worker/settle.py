@@ -12,6 +12,7 @@ from celery import current_task
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.services import signals as zsched_signals
+from celery_zsched.services import tracing
 from celery_zsched.services.appstore import store_for_app
 from celery_zsched.store import StartResult
 from celery_zsched.worker.headers import Occurrence
@@ -104,6 +105,13 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                      "the occurrence will be redelivered", occ.job_id, exc)
         return
+    tracer = tracing.active()
+    if tracer is not None:
+        try:
+            tracer.settled(request, occ.job_id, occ.occurrence, occ.attempt, outcome, result,
+                           fence)
+        except Exception:  # the settle is done: tracing must never fail the task's hook
+            logger.exception("zsched: tracing the settle of %s failed", occ.job_id)
     if not result.applied and fence is not None and result.status == "stale":
         # This execution's lease lapsed and the occurrence moved on (reaped,
         # handed to another worker): fencing kept it from changing anything.
