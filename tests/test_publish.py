@@ -234,16 +234,23 @@ def names() -> Names:
     return Names()
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_batched_messages_equal_send_task_messages(
-        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Headers, properties and body of each batched message match send_task's."""
+def scenario_app(broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Celery:
+    """An app on ``broker`` configured as ``scenario`` says, its clock stopped at ``NOW``."""
     app = Celery("pub", broker=broker.url, set_as_current=False)
     if isinstance(broker, AmqpBroker):
         broker.apps.append(app)
     configure(app, names, SCENARIOS[scenario])
     monkeypatch.setattr(app, "now", lambda: NOW)
+    return app
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_batched_messages_equal_send_task_messages(
+        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headers, properties and body of each batched message match send_task's."""
+    app = scenario_app(broker, names, scenario, monkeypatch)
     jobs = rows(names)
     queues = names.queues
     reference = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
@@ -283,3 +290,40 @@ def test_fast_repr_equals_saferepr(value: Any) -> None:
     """fast_repr is saferepr wherever it takes its shortcut, and defers to it elsewhere."""
     for maxlen, maxlevels in ((1024, 3), (20, 3), (4096, 0)):
         assert fast_repr(value, maxlen, maxlevels) == saferepr(value, maxlen, maxlevels=maxlevels)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_more_headers_reach_each_message_and_change_nothing_else(
+        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing's ``traceparent`` is each message's own header, on both paths; the rest of
+    the message is the one published without it."""
+    app = scenario_app(broker, names, scenario, monkeypatch)
+    jobs = rows(names)
+    queues = names.queues
+    claimed = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
+    more = [{"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"} for i in range(len(jobs))]
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, claimed)
+        plain = broker.drain(queues, len(jobs))
+        with app.producer_or_acquire() as producer:
+            for one, extra in zip(claimed, more, strict=True):
+                _send(app, producer, one, extra)
+        expected = broker.drain(queues, len(jobs))
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, claimed, more)
+        got = broker.drain(queues, len(jobs))
+    finally:
+        app.close()
+    assert len(plain) == len(jobs)
+    assert got == expected
+    for one, extra in zip(claimed, more, strict=True):
+        message = dict(got[one.task_id])
+        headers = dict(message.pop("headers"))
+        assert headers.pop("traceparent") == extra["traceparent"]
+        properties = dict(message.pop("properties"))
+        if "application_headers" in properties:  # AMQP: the headers again
+            properties["application_headers"] = dict(properties["application_headers"])
+            assert properties["application_headers"].pop("traceparent") == extra["traceparent"]
+        assert {**message, "headers": headers, "properties": properties} == plain[one.task_id]

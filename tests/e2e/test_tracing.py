@@ -12,10 +12,17 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from e2e.conftest import Deployment, TargetServer
 from e2e.names import ENV_SPANS_FILE, SCRAPE_TASK
+from tests.gateway.conftest import LEASE_SECRET, TOKENS, WORKER
+from tests.helpers import answers, free_port, wait
 from tests.spans import SpanRecord, read_spans
 
 pytestmark = pytest.mark.slow
@@ -80,3 +87,61 @@ def test_each_occurrence_is_one_trace_from_beat_to_a_prefork_worker(
         assert settle["attributes"]["zsched.status"] == "complete"
         assert settle["attributes"]["zsched.fence"] >= 1
     assert len({s.pid for s in spans if s.name != "zsched publish"}) >= 1
+
+
+def test_each_http_job_is_one_trace_from_the_gateway_to_its_worker_and_report(
+        deploy: Callable[..., Deployment], target: TargetServer, tmp_path: Path) -> None:
+    spans_file = tmp_path / "spans.jsonl"
+    d = deploy(tracing=True, api_tokens=TOKENS, gateway_lease_secret=LEASE_SECRET)
+    jobs = [d.job(url=target.url(f"/ok/http{i}"), interval_s=3600, transport="http")
+            for i in range(JOBS)]
+    d.store.upsert_many(jobs, stagger=False)
+    port = free_port()
+    server = d._spawn("gateway", ["zsched", "serve", "--port", str(port),
+                                  "--log-level", "warning"], {ENV_SPANS_FILE: str(spans_file)})
+    # The HTTP worker: this process, with the SDK's in-memory exporter. It continues
+    # each job's trace from the body's traceparent and sends its own span's with the report.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("http-worker")
+    propagator = TraceContextTextMapPropagator()
+    auth = {"Authorization": f"Bearer {WORKER}"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=10) as client:
+        wait(lambda: answers(port), 30, "zsched serve to answer")
+        bodies = []
+        while len(bodies) < JOBS:
+            answer = client.get("/jobs/next", params={"timeout": 5})
+            d.check_alive()
+            if answer.status_code == 204:
+                continue
+            body = answer.json()
+            bodies.append(body)
+            parent = propagator.extract({"traceparent": body["traceparent"]})
+            with tracer.start_as_current_span("fetch", context=parent):
+                httpx.get(body["url"], timeout=10).raise_for_status()
+                report_headers: dict[str, str] = {}
+                propagator.inject(report_headers)
+                reply = client.post(f"/jobs/{body['id']}/complete",
+                                    json={"lease": body["lease"]}, headers=report_headers)
+            assert reply.status_code == 200, reply.text
+    server.stop()
+
+    hand_outs = [s for s in read_spans(spans_file) if s.name == "zsched hand-out"]
+    fetches = {f"{s.context.trace_id:032x}": s for s in exporter.get_finished_spans()}
+    assert sorted(h.attributes["zsched.job_id"] for h in hand_outs) == sorted(j.id for j in jobs)
+    assert len({h.trace_id for h in hand_outs}) == JOBS
+    for body, hand_out in zip(bodies, sorted(hand_outs, key=lambda h: [
+            b["id"] for b in bodies].index(h.attributes["zsched.job_id"])), strict=True):
+        assert hand_out.parent_id is None and hand_out.pid == server.pid
+        assert hand_out.attributes["zsched.occurrence"] == body["occurrence"]
+        assert body["traceparent"].startswith(f"00-{hand_out.trace_id}-{hand_out.span_id}-")
+        fetch = fetches[hand_out.trace_id]
+        assert fetch.parent is not None and f"{fetch.parent.span_id:016x}" == hand_out.span_id
+        [settle] = [e for e in hand_out.events if e["name"] == "zsched.settle"]
+        assert settle["attributes"]["zsched.outcome"] == "complete"
+        assert settle["attributes"]["zsched.applied"] is True
+        assert settle["attributes"]["zsched.fence"] >= 1
+    # No settle span of its own: each report found its hand-out's span open.
+    assert [s for s in read_spans(spans_file) if s.name == "zsched settle"] == []
+
