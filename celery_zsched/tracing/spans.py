@@ -113,9 +113,11 @@ class Tracer:
         spans: list[Span] = []
         headers: list[dict[str, str]] = []
         for claimed in jobs:
-            # A root: an occurrence's trace starts with its publish.
-            span = start(PUBLISH, context=_ROOT, kind=SpanKind.PRODUCER,
-                         attributes=occurrence_attributes(claimed))
+            # A root: an occurrence's trace starts with its publish. Its attributes are
+            # built only for a span the sampler records (a storm's largest saving).
+            span = start(PUBLISH, context=_ROOT, kind=SpanKind.PRODUCER)
+            if span.is_recording():
+                span.set_attributes(occurrence_attributes(claimed))
             carrier: dict[str, str] = {}
             inject(carrier, context=trace.set_span_in_context(span, _ROOT))
             spans.append(span)
