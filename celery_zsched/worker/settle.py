@@ -14,6 +14,7 @@ from celery import current_task
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.services import signals as zsched_signals
+from celery_zsched.services import tracing
 from celery_zsched.services.appstore import store_for_app
 from celery_zsched.store import SettleResult, StartResult, Store
 from celery_zsched.worker.headers import Occurrence
@@ -108,9 +109,13 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
                 logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                              "the occurrence will be redelivered", occ.job_id, exc)
                 return
-        _after_settle(app, store, occ, outcome, result, fence, error, status, timings)
+        _after_settle(app, store, occ, outcome, result, fence, error, status, timings,
+                      request)
 
-    if known is not None and fence is not None and outcome == "complete" and _AHEAD.on:
+    # Traced settles wait for their reply: the settle is an event on the task's span,
+    # which has ended by the time a reply sent ahead is read.
+    if known is not None and fence is not None and outcome == "complete" and _AHEAD.on \
+            and tracing.active() is None:
         # The hot case: the task's slot does not wait for the reply (store.lane).
         try:
             store.settle_soon(occ.job_id, occ.occurrence, occ.attempt, outcome, settled,
@@ -132,13 +137,20 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                      "the occurrence will be redelivered", occ.job_id, exc)
         return
-    _after_settle(app, store, occ, outcome, result, fence, error, status, timings)
+    _after_settle(app, store, occ, outcome, result, fence, error, status, timings, request)
 
 
 def _after_settle(app: Any, store: Store, occ: Occurrence, outcome: str, result: SettleResult,
                   fence: int | None, error: str, status: int | None,
-                  timings: dict[str, Any]) -> None:
-    """Log a settle's result and raise the signals it calls for."""
+                  timings: dict[str, Any], request: Any) -> None:
+    """Trace and log a settle's result and raise the signals it calls for."""
+    tracer = tracing.active()
+    if tracer is not None:
+        try:
+            tracer.settled(request, occ.job_id, occ.occurrence, occ.attempt, outcome, result,
+                           fence)
+        except Exception:  # the settle is done: tracing must never fail the task's hook
+            logger.exception("zsched: tracing the settle of %s failed", occ.job_id)
     if not result.applied and fence is not None and result.status == "stale":
         # This execution's lease lapsed and the occurrence moved on (reaped,
         # handed to another worker): fencing kept it from changing anything.
