@@ -122,6 +122,10 @@ class ImportReport:
     #: Versioned rows not written because Redis holds a newer version of the job
     #: (or of its delete): see ``versions`` of :meth:`Store.upsert_many`.
     stale: int = 0
+    #: Rows not written because their new domain moves the job to another partition
+    #: while an occurrence of it is in flight (pacing on several partitions):
+    #: store them again once it has settled.
+    deferred: int = 0
 
 
 @dataclass(frozen=True)
