@@ -33,6 +33,9 @@ class Claimed:
     #: lease token carries it (fencing). 0 for beat's claims: a worker's start
     #: numbers the execution instead.
     fence: int = 0
+    #: Where it was claimed, as ``"index@layout"`` (``""``: placed by id, which needs
+    #: no hint): the worker finds the job's partition without the directory.
+    partition: str = ""
 
     @property
     def task_id(self) -> str:
@@ -51,6 +54,8 @@ class Claimed:
             # that was made (1..publishes), so a forged or stray message never runs.
             "zsched_delivery": self.deliveries,
         }
+        if self.partition:
+            headers["zsched_partition"] = self.partition
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)

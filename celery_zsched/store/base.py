@@ -199,6 +199,15 @@ class StoreBase:
                 self._hints.clear()
             self._hints[job_id] = part
 
+    def learn_header(self, job_id: str, value: str | None) -> None:
+        """:meth:`learn` from a ``zsched_partition`` header (``"index@layout"``), if it was
+        written under this store's layout (else the directory decides)."""
+        if not value or not self.layout.by_domain:
+            return
+        index, _, layout = value.partition("@")
+        if layout == str(self.layout) and index.isdigit():
+            self.learn(job_id, int(index))
+
     def forget(self, job_id: str) -> None:
         """Drop what :meth:`learn` remembered of ``job_id``."""
         self._hints.pop(job_id, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -101,8 +102,13 @@ class HotPath(Writes):
                 "queue": ""}
         calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
                              for i, n in plan.items()]
-        return {i: scripts.CLAIM.reply(reply)
-                for i, reply in zip(plan, self._run(calls), strict=True)}
+        batches = {i: scripts.CLAIM.reply(reply)
+                   for i, reply in zip(plan, self._run(calls), strict=True)}
+        if self.layout.by_domain:
+            for i, batch in batches.items():
+                batch.jobs[:] = [dataclasses.replace(c, partition=f"{i}@{self.layout}")
+                                 for c in batch.jobs]
+        return batches
 
     @unavailable
     def claim_http(self, limit: int, queue: str = "") -> ClaimBatch:

@@ -47,6 +47,7 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     if occ is None or not _broker_keeps_unacked(sender):
         return
     app = getattr(sender, "app", None) or request.task.app
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     heartbeat_for(app, store_for_app(app)).hold(request, held_row(occ, request),
                                                 worker_name(getattr(sender, "hostname", None)))
 
@@ -57,6 +58,7 @@ def hold_before_ack(request: Any) -> None:
     if occ is None:
         return
     app = request.task.app
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     heartbeat_for(app, store_for_app(app)).hold_now(request, held_row(occ, request),
                                                     worker_name(request.hostname))
 
