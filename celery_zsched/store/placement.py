@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from celery_zsched.core.domains import domain_of
 from celery_zsched.core.job import Job
 from celery_zsched.store.keys import partition_of
 
@@ -67,13 +68,18 @@ class Layout:
             return partition_of(domain, self.count)
         return partition_of(job_id, self.count)
 
+    def domain_for(self, raw: str | None) -> str | None:
+        """The domain a stored definition (JSON) is placed by under this layout
+        (``None``: placed by id)."""
+        if raw is None or not self.by_domain:
+            return None
+        job = Job.from_json(raw)
+        return domain_of(job.url, job.domain, group_registrable=self.rule == BY_REGISTRABLE)
+
+    def home_of(self, job_id: str, raw: str | None) -> int:
+        """:meth:`home` of a stored definition (JSON)."""
+        return self.home(job_id, self.domain_for(raw))
+
     def domain_home(self, domain: str) -> int:
         """The partition that holds ``domain``'s pacing state (and its jobs)."""
         return partition_of(domain, self.count) if self.by_domain else 0
-
-
-def domain_of_definition(raw: str | None, settings: Any) -> str | None:
-    """The domain a stored definition is paced under with ``settings`` (``None``: not paced)."""
-    if raw is None or not settings.pacing:
-        return None
-    return Job.from_json(raw).pacing_domain(settings)
