@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -24,9 +23,8 @@ from celery_zsched.store.base import Call, Held, Running, time_ms, unavailable
 from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys
+from celery_zsched.store.replicas import call_replicated
 from celery_zsched.store.writes import Writes
-
-logger = logging.getLogger(__name__)
 
 #: How far a settle event's times may lie from Redis' clock, and its spans run,
 #: before they are dropped as nonsense (a worker's microseconds, a forged 10**30):
@@ -55,10 +53,6 @@ def bounded_timings(event: Mapping[str, Any], now: int) -> dict[str, Any]:
 
 #: Status label of a settle that does not retry.
 LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
-
-
-#: Longest a paced start on a Redis Cluster waits for a replica to have it (ms).
-START_REPLICA_WAIT_MS = 1000
 
 
 #: Longest a worker sits out a closed domain gate at start before it hands the
@@ -182,36 +176,19 @@ class HotPath(Writes):
         the worker keeps the lease alive with :meth:`heartbeat` and settles
         with :meth:`settle`, presenting it.
         """
+        args: dict[str, Any] = {"id": job_id, "occurrence": occurrence, "attempt": attempt,
+                                "delivery": "" if delivery is None else delivery, "task": task,
+                                "lease_ms": int(self.settings.lease_s * 1000),
+                                "expires_ms": "" if expires_ms is None else expires_ms,
+                                "pacing": self.pacing,
+                                "wait_max_ms": int(START_WAIT_MAX_S * 1000)}
         keys = self.part_of(job_id)
-        result = self._call_hot(scripts.START, keys, id=job_id,
-                                occurrence=occurrence, attempt=attempt,
-                                delivery="" if delivery is None else delivery, task=task,
-                                lease_ms=int(self.settings.lease_s * 1000),
-                                expires_ms="" if expires_ms is None else expires_ms,
-                                pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
-        if result.runs and self.pacing and is_cluster(self.client):
-            self._replicated(keys)
-        return result
-
-    def _replicated(self, keys: Keys) -> None:
-        """Wait until a replica of the partition's master has the start just made.
-
-        Replication is asynchronous: a master killed right after a start would
-        leave its replica, once promoted, without the domain's last start, and its
-        gate would let the next request go too early. So a paced start waits for
-        one replica (when the slot has any) before the request is made: the
-        domain's delay holds across a failover. A master that dies meanwhile
-        fails the start (the message is tried again on the promoted replica).
-        """
-        slot = self.client.keyslot(keys.defs)
-        if len(self.client.nodes_manager.slots_cache.get(slot, ())) < 2:
-            return
-        acked = self.client.execute_command(
-            "WAIT", 1, START_REPLICA_WAIT_MS,
-            target_nodes=self.client.get_node_from_key(keys.defs))
-        if not acked:
-            logger.warning("zsched: no replica confirmed a paced start within %d ms",
-                           START_REPLICA_WAIT_MS)
+        if self.pacing and is_cluster(self.client):
+            # A failover must not forget the domain's last start (see replicas.py).
+            spec = scripts.START
+            return spec.reply(call_replicated(self.client, self._scripts[spec.name],
+                                              spec.key_names(keys), spec.argv(args)))
+        return self._call_hot(scripts.START, keys, **args)
 
     def heartbeat(self, running: Sequence[Running], worker: str = "",
                   queues: Sequence[str] = (), lease_s: float | None = None) -> list[str]:

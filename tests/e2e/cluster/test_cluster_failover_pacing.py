@@ -79,6 +79,11 @@ def test_a_master_failover_with_pacing_loses_nothing_doubles_nothing_and_keeps_e
     start_gaps = [b - a for site in sites for a, b in itertools.pairwise(sorted(
         started[x.task_id] for x in site.arrivals() if x.task_id in started))]
     early = [g for g in start_gaps if g < delay * 1000]
+    breaches = [(site.host, round(a.at - killed_at, 3), round(b.at - killed_at, 3),
+                 started.get(a.task_id), started.get(b.task_id))
+                for site in sites for a, b in itertools.pairwise(site.arrivals())
+                if b.at - a.at < delay - START_TO_SOCKET_S]
+    print(f"\nbreaches at the targets (host, arrivals after the kill, starts): {breaches}")
     print(f"\nstart gaps (Redis' clock, {len(start_gaps)}): smallest {min(start_gaps)} ms, "
           f"closer than the delay {early}")
     print(f"\nfailover with pacing: killed master {victim} ({homes[victim]} of {len(jobs)} jobs, "
