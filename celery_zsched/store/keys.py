@@ -53,10 +53,12 @@ class Keys:
 
     @property
     def layout(self) -> str:
-        """String: the store's partition count, on the base prefix (absent: 1).
+        """String: the store's layout, on the base prefix (absent: 1): its partition
+        count, and ``/domain`` or ``/registrable`` when paced jobs live in their
+        domain's partition (``12/domain``).
 
-        ``repartition`` writes it; every process checks its own
-        ``zsched_partitions`` against it before it touches a job.
+        ``repartition`` writes it; every process checks the layout its own
+        settings ask for against it before it touches a job.
         """
         return self._k("layout")
 
