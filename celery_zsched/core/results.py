@@ -131,6 +131,8 @@ class ImportReport:
     #: while an occurrence of it is in flight (pacing on several partitions):
     #: store them again once it has settled.
     deferred: int = 0
+    #: The ids of those rows.
+    deferred_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class Writes(Moves):
                 homes = {job.id: self.layout.home(job.id, dm) for job, dm in batch}
                 busy = self.place(homes)
                 report.deferred += len(busy)
+                report.deferred_ids += sorted(busy)
                 for job, dm in batch:
                     index += 1
                     if job.id in busy:
@@ -140,13 +141,12 @@ class Writes(Moves):
         return report
 
     def _placed_batches(self, jobs: Iterable[Job]) -> Iterator[list[tuple[Job, str | None]]]:
-        """``jobs`` with the domain each is paced under, in batches of ``import_chunk``
-        (by id, where they go needs no lookup: one batch of everything)."""
+        """``jobs`` with the domain each is paced under, in batches of ``import_chunk``."""
         batch: list[tuple[Job, str | None]] = []
-        size = self.settings.import_chunk if self.layout.by_domain else 0
+        size = self.settings.import_chunk
         for job in jobs:
             batch.append((job, job.pacing_domain(self.settings)))
-            if size and len(batch) >= size:
+            if len(batch) >= size:
                 yield batch
                 batch = []
         if batch:
