@@ -291,3 +291,29 @@ def test_an_interrupted_move_to_domain_placement_resumes_and_finishes_parked_mov
     assert records(grouped)["u150"] == before["u150"] and job.id == "u150"
     assert not any(store.client.hlen(k.moving) for k in grouped.parts)
     _placed_by_domain(grouped)
+
+
+def test_the_cli_command_moves_a_store_to_domain_placement_when_pacing_is_turned_on(
+        make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery.bin.celery import celery
+
+    from celery_zsched.services.appstore import forget_app
+    from tests import cli_app
+
+    store = make_store(partitions=4)
+    store.upsert_many([_url_job(i) for i in range(60)], stagger=False)
+    before = records(store)
+    for name, value in (("REDIS_URL", store.settings.redis_url),
+                        ("KEY_PREFIX", store.settings.key_prefix), ("PARTITIONS", "4"),
+                        ("PACING", "true")):
+        monkeypatch.setenv(f"ZSCHED_{name}", value)
+    forget_app(cli_app.app)
+    result = CliRunner().invoke(celery, ["-A", "tests.cli_app", "zsched", "repartition",
+                                         "--to", "4"], catch_exceptions=False)
+    forget_app(cli_app.app)
+    assert result.exit_code == 0, result.output
+    assert "repartitioned 4 -> 4/domain" in result.output
+    assert "zsched domains refresh" in result.output
+    paced = Store(store.client, dataclasses.replace(store.settings, pacing=True))
+    assert records(paced) == before
+    _placed_by_domain(paced)

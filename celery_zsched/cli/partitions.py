@@ -52,4 +52,7 @@ def repartition(ctx: click.Context, to: int, force: bool) -> None:
     echo(ctx, f"repartitioned {report.source_layout} -> {report.target_layout}: moved "
                f"{report.moved} job(s), kept {report.kept} in place, in {report.seconds:.1f}s")
     echo(ctx, f"now set zsched_partitions={to} for beat, workers and Django, then start them")
+    if "/" in report.target_layout and "/" not in report.source_layout:
+        echo(ctx, "then run `zsched domains refresh` once, so jobs stored before pacing "
+                  "was on are paced")
 
