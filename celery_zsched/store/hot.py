@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,7 +17,9 @@ from celery_zsched.core.results import (
 )
 from celery_zsched.store import scripts
 from celery_zsched.store.base import Call, Held, Running, time_ms, unavailable
+from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.errors import redis_unavailable
+from celery_zsched.store.replicas import call_replicated
 from celery_zsched.store.settles import Settles
 
 logger = logging.getLogger("celery_zsched")
@@ -71,8 +74,13 @@ class HotPath(Settles):
                 "queue": "", "queue_bound": self.partition_queue_bound}
         calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
                              for i, n in plan.items()]
-        return {i: scripts.CLAIM.reply(reply)
-                for i, reply in zip(plan, self._run(calls), strict=True)}
+        batches = {i: scripts.CLAIM.reply(reply)
+                   for i, reply in zip(plan, self._run(calls), strict=True)}
+        if self.layout.by_domain:
+            for i, batch in batches.items():
+                batch.jobs[:] = [dataclasses.replace(c, partition=f"{i}@{self.layout}")
+                                 for c in batch.jobs]
+        return batches
 
     @unavailable
     def claim_http(self, limit: int, queue: str = "") -> ClaimBatch:
@@ -140,12 +148,19 @@ class HotPath(Settles):
         the worker keeps the lease alive with :meth:`heartbeat` and settles
         with :meth:`settle`, presenting it.
         """
-        return self._call_hot(scripts.START, self.part_of(job_id), id=job_id,
-                              occurrence=occurrence, attempt=attempt,
-                              delivery="" if delivery is None else delivery, task=task,
-                              lease_ms=int(self.settings.lease_s * 1000),
-                              expires_ms="" if expires_ms is None else expires_ms,
-                              pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
+        args: dict[str, Any] = {"id": job_id, "occurrence": occurrence, "attempt": attempt,
+                                "delivery": "" if delivery is None else delivery, "task": task,
+                                "lease_ms": int(self.settings.lease_s * 1000),
+                                "expires_ms": "" if expires_ms is None else expires_ms,
+                                "pacing": self.pacing,
+                                "wait_max_ms": int(START_WAIT_MAX_S * 1000)}
+        keys = self.part_of(job_id)
+        if self.pacing and is_cluster(self.client):
+            # A failover must not forget the domain's last start (see replicas.py).
+            spec = scripts.START
+            return spec.reply(call_replicated(self.client, self._scripts[spec.name],
+                                              spec.key_names(keys), spec.argv(args)))
+        return self._call_hot(scripts.START, keys, **args)
 
     def heartbeat(self, running: Sequence[Running], worker: str = "",
                   queues: Sequence[str] = (), lease_s: float | None = None) -> list[str]:

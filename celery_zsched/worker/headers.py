@@ -26,6 +26,9 @@ class Occurrence:
     #: Which publish of this attempt the message is (``None``: a message from
     #: before fencing); start accepts only one beat made.
     delivery: int | None = None
+    #: Where beat claimed it (``"index@layout"``, ``None``: not said): see
+    #: :meth:`~celery_zsched.store.Store.learn_header`.
+    partition: str | None = None
 
 
 class MalformedHeaders(ValueError):
@@ -76,7 +79,11 @@ def occurrence_of(headers: Any) -> Occurrence | None:
     expires = _header_int(get, "zsched_expires_ms", 0, _MAX_MS, None)
     delivery = _header_int(get, "zsched_delivery", 1, _MAX_COUNT, None)
     assert occurrence is not None and attempt is not None  # required: raised above
-    return Occurrence(job_id, occurrence, attempt, due or 0, promoted or 0, expires, delivery)
+    partition = get("zsched_partition")
+    # Only a hint (a wrong one finds nothing and the directory decides): bounded, not trusted.
+    hint = partition if isinstance(partition, str) and len(partition) <= 40 else None
+    return Occurrence(job_id, occurrence, attempt, due or 0, promoted or 0, expires, delivery,
+                      hint)
 
 
 #: Where a request keeps its parsed occurrence: every hook of an execution asks.

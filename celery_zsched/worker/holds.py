@@ -50,6 +50,7 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     if occ is None or not _broker_keeps_unacked(sender):
         return
     app = getattr(sender, "app", None) or request.task.app
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     # A task acknowledged as it is accepted needs its hold recorded by then: sent
     # now, its reply is read at the acceptance, which so waits for no round trip.
     heartbeat_for(app, store_for_app(app)).hold(request, held_row(occ, request),
@@ -63,6 +64,7 @@ def hold_before_ack(request: Any) -> None:
     if occ is None:
         return
     app = request.task.app
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     heartbeat_for(app, store_for_app(app)).hold_now(request, held_row(occ, request),
                                                     worker_name(request.hostname))
 

@@ -97,6 +97,7 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
         "duration_ms": duration,
     }
     store = store_for_app(app)
+    store.learn_header(occ.job_id, occ.partition)
     heartbeat_for(app, store).untrack(occ.job_id, occ.occurrence, occ.attempt)
 
     def settled(result: SettleResult | None) -> None:
@@ -133,6 +134,8 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
             fence=fence, delivery=None if fence is not None or unfenced else occ.delivery,
             known=known),
             SETTLE_RETRY_S)
+        # Settled, it may move (a changed domain): its next message says where.
+        store.forget(occ.job_id)
     except StoreUnavailable as exc:
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                      "the occurrence will be redelivered", occ.job_id, exc)

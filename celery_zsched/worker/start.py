@@ -95,6 +95,7 @@ def start_occurrence(task: Any) -> None:
 def _start_paced(app: Any, occ: Occurrence, task: str) -> StartResult:
     """The start compare-and-set; while the domain's start gate opens within a
     short wait (``wait``), sleep until then and try again."""
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     while True:
         result: StartResult = with_retries("start", occ, lambda: store_for_app(app).start(
             occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms, delivery=occ.delivery,
