@@ -254,7 +254,9 @@ def test_beat_sleeps_until_the_earliest_due_job_of_any_partition(
     scheduler = ZSchedScheduler(app=app)
     try:
         wait = scheduler.tick()
-        assert 0.25 < wait <= 0.4
+        # At most the soonest job's 400 ms, not the 1 s cap nor a minute; how much
+        # less depends on how long this host took to get here (not asserted).
+        assert 0.0 <= wait <= 0.4
         time.sleep(wait + 0.05)
         assert scheduler.tick() == 1.0  # the soonest was claimed; the rest are a minute out
         assert store.get(soonest).status == "queued"
