@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from celery_zsched.server.gateway_views import (
 from celery_zsched.server.jobs import JobId
 from celery_zsched.server.lease import Lease, LeaseSigner
 from celery_zsched.server.problems import Problem, bad_field
-from celery_zsched.services import signals
+from celery_zsched.services import signals, tracing
 from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")
@@ -77,6 +78,7 @@ class Gateway:
             deliveries=claimed.deliveries,
             lease=self.signer.token(lease), lease_s=self.lease_s,
             scheduled_at=claimed.due_ms, picked_up_at=claimed.promoted_ms,
+            traceparent=_traced(claimed),
         ).model_dump(mode="json")
 
     def offer(self, claimed: list[Claimed], most: int | None) -> Response:
@@ -98,6 +100,30 @@ class Gateway:
         if lease is None:
             raise bad_field("lease", "not a lease token this server handed out for this job")
         return lease
+
+
+def _traced(claimed: Claimed) -> str | None:
+    """The hand-out's span (``zsched_tracing``): its ``traceparent``, or ``None``."""
+    tracer = tracing.active()
+    if tracer is None:
+        return None
+    try:
+        return tracer.handed_out(claimed)
+    except Exception:  # tracing must never fail a hand-out
+        logger.exception("zsched gateway: tracing the hand-out of %s failed", claimed.job.id)
+        return None
+
+
+def _trace_report(headers: Mapping[str, str], report: SettleReport,
+                  result: SettleResult) -> None:
+    tracer = tracing.active()
+    if tracer is None:
+        return
+    try:
+        tracer.reported(report.job_id, report.occurrence, report.attempt, report.fence or 0,
+                        report.outcome, result, headers)
+    except Exception:  # the settle is done: tracing must never fail the report
+        logger.exception("zsched gateway: tracing the report of %s failed", report.job_id)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -207,8 +233,10 @@ def settle_report(lease: Lease, report: CompleteReport, outcome: str) -> SettleR
                         fence=lease.fence)
 
 
-def after_settle(gateway: Gateway, report: SettleReport, result: SettleResult) -> None:
-    """Log the settle's event, as a Celery worker does, and send its signals."""
+def after_settle(gateway: Gateway, report: SettleReport, result: SettleResult,
+                 headers: Mapping[str, str]) -> None:
+    """Log the settle's event, as a Celery worker does, trace it (``headers``: the
+    request's, which may carry a trace context), and send its signals."""
     assert report.event is not None
     picked, outcome = report.event["promoted_ms"], report.outcome
     # Start and end are both on Redis' clock: the claim's and the settle's.
@@ -221,6 +249,7 @@ def after_settle(gateway: Gateway, report: SettleReport, result: SettleResult) -
               http_status=report.http_status, lateness_ms=report.event["lateness_ms"],
               wait_ms=report.event["wait_ms"], duration_ms=duration,
               next_run_at=result.next_due_ms)
+    _trace_report(headers, report, result)
     try:
         signals.after_settle(gateway.sender, report.job_id, report.occurrence, report.attempt,
                              outcome, report.error, result,
@@ -235,7 +264,7 @@ async def _settle(request: Request, job_id: str, report: CompleteReport,
     lease = gateway.lease_of(job_id, report.lease)
     settle = settle_report(lease, report, outcome)
     result = (await asyncio.to_thread(gateway.store.settle_many, [settle]))[0]
-    after_settle(gateway, settle, result)
+    after_settle(gateway, settle, result, request.headers)
     status, body = answer(result)
     return JSONResponse(body, status_code=status)
 

@@ -109,7 +109,7 @@ async def report(request: Request) -> JSONResponse:
     if settles:
         done = await asyncio.to_thread(gateway.store.settle_many, [s for _, s in settles])
         for (row, settle), result in zip(settles, done, strict=True):
-            after_settle(gateway, settle, result)
+            after_settle(gateway, settle, result, request.headers)
             code, answered = answer(result)
             results[row] = {"id": settle.job_id, "code": code, **answered}
     return JSONResponse({"results": results})

@@ -43,13 +43,17 @@ class Batches(HotPath):
         calls: list[Call] = []
         decided: list[tuple[Job | None, str]] = []
         for report, part, raw in zip(reports, keys, raws, strict=True):
-            args, job, label = self.settle_args(report, raw, now_of[part.defs])
+            job, label, args = self._settle_args(
+                report.job_id, report.occurrence, report.attempt, report.outcome, raw,
+                now_of[part.defs], error=report.error, retry_after_s=report.retry_after_s,
+                event=report.event, http_status=report.http_status, fence=report.fence,
+                delivery=report.delivery)
             calls.append((scripts.SETTLE, part, (), args))
             decided.append((job, label))
         out: list[SettleResult] = []
         for report, (job, label), reply in zip(reports, decided, self._run_packed(calls),
                                                strict=True):
-            result = self.settle_result(scripts.SETTLE.reply(reply), job, label)
+            result = self._settle_result(job, label, scripts.SETTLE.reply(reply))
             out.append(result if result is not None else self._settle_alone(report))
         return out
 
