@@ -1,0 +1,111 @@
+"""The capacity planner over a store: scan the schedule, share the result, join it to pacing.
+
+**Cost.** The demand side needs every definition: one HSCAN over the
+definitions hash (pages of 2,000, with one SMISMEMBER each for the paused
+flags) and a JSON parse per job, so O(jobs) in time and O(domains) in memory.
+It is therefore not done per call: the result (per domain: jobs, fetches a day,
+and the histogram of intervals) is stored in Redis with the time it was
+computed, and recomputed at most every ``zsched_planner_refresh_s`` (5 min), by
+one process at a time (an expiring claim), while every other reader uses the
+last result. The capacity side is the domains' live pacing, read at each call
+(one HSCAN of the domains hash), so an operator's new delay shows at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from celery_zsched.core.domains import DomainInfo, domain_of, domain_sort_key, info_from
+from celery_zsched.core.job import Job
+from celery_zsched.core.planner import DomainLoad, DomainPlan, demanded_interval, plan
+from celery_zsched.store import Store
+
+#: How long one scan may hold the claim before another process may take over (ms).
+CLAIM_MS = 600_000
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The demand side: what the schedule asks of each domain, when it was computed."""
+
+    computed_ms: int
+    jobs: int
+    scan_s: float
+    loads: dict[str, DomainLoad]
+
+    def to_json(self) -> str:
+        return json.dumps({"at": self.computed_ms, "jobs": self.jobs, "s": round(self.scan_s, 3),
+                           "d": {k: v.to_json() for k, v in self.loads.items()}},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> Demand:
+        data = json.loads(raw)
+        return cls(int(data["at"]), int(data["jobs"]), float(data["s"]),
+                   {k: DomainLoad.from_json(v) for k, v in data["d"].items()})
+
+
+def scan(store: Store) -> Demand:
+    """Sum every enabled job's demand per domain (one pass over the definitions)."""
+    started = time.perf_counter()
+    now = store.now_ms()
+    registrable = store.settings.domain_registrable
+    loads: dict[str, DomainLoad] = defaultdict(DomainLoad)
+    jobs = 0
+    for page in store.scan_definitions():
+        for raw, paused in page:
+            if paused:
+                continue
+            job = Job.from_json(raw)
+            if job.end_at is not None and job.end_at <= now:
+                continue
+            interval = demanded_interval(job)
+            if not interval:
+                continue
+            try:
+                name = domain_of(job.url, job.domain, group_registrable=registrable)
+            except ValueError:
+                continue  # stored before its host was checked: not paced either
+            if name is None:
+                continue
+            loads[name].add(interval)
+            jobs += 1
+    return Demand(now, jobs, time.perf_counter() - started, dict(loads))
+
+
+def demand(store: Store, *, fresh: bool = False) -> Demand:
+    """The demand side: the shared result while it is younger than
+    ``zsched_planner_refresh_s``, else a new scan (``fresh``: a new scan now)."""
+    raw, now = store.planner_read()
+    cached = Demand.from_json(raw) if raw else None
+    if cached is not None and not fresh:
+        if now - cached.computed_ms < store.settings.planner_refresh_s * 1000:
+            return cached
+        if not store.planner_claim(CLAIM_MS):
+            return cached  # another process is scanning: its result comes soon
+    elif not fresh:
+        store.planner_claim(CLAIM_MS)  # nothing to share yet: this caller scans anyway
+    result = scan(store)
+    store.planner_write(result.to_json())
+    return result
+
+
+def domain_plans(store: Store, infos: list[DomainInfo] | None = None, *,
+                 fresh: bool = False) -> tuple[list[DomainInfo], dict[str, DomainPlan], Demand]:
+    """Every domain with pacing state, an override or jobs (sorted), each one's plan,
+    and the demand it came from. ``infos``: the pacing already read, if it was."""
+    infos = store.domains() if infos is None else infos
+    result = demand(store, fresh=fresh)
+    known = {i.name for i in infos}
+    missing = [name for name in result.loads if name not in known]
+    if missing:
+        now = infos[0].now_ms if infos else store.now_ms()
+        defaults = store.settings.pacing_defaults
+        infos = sorted([*infos, *(info_from(n, None, None, defaults, now) for n in missing)],
+                       key=lambda i: domain_sort_key(i.name))
+    plans = {i.name: plan(i.name, result.loads[i.name], i.delay_s)
+             for i in infos if i.name in result.loads}
+    return infos, plans, result
