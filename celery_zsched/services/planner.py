@@ -76,13 +76,20 @@ def scan(store: Store) -> Demand:
     return Demand(now, jobs, time.perf_counter() - started, dict(loads))
 
 
+def shared(store: Store) -> tuple[Demand | None, bool]:
+    """The last result any process stored, and whether it is due for a new scan."""
+    raw, now = store.planner_read()
+    cached = Demand.from_json(raw) if raw else None
+    due = cached is None or now - cached.computed_ms >= store.settings.planner_refresh_s * 1000
+    return cached, due
+
+
 def demand(store: Store, *, fresh: bool = False) -> Demand:
     """The demand side: the shared result while it is younger than
     ``zsched_planner_refresh_s``, else a new scan (``fresh``: a new scan now)."""
-    raw, now = store.planner_read()
-    cached = Demand.from_json(raw) if raw else None
+    cached, due = shared(store)
     if cached is not None and not fresh:
-        if now - cached.computed_ms < store.settings.planner_refresh_s * 1000:
+        if not due:
             return cached
         if not store.planner_claim(CLAIM_MS):
             return cached  # another process is scanning: its result comes soon
@@ -94,11 +101,13 @@ def demand(store: Store, *, fresh: bool = False) -> Demand:
 
 
 def domain_plans(store: Store, infos: list[DomainInfo] | None = None, *,
-                 fresh: bool = False) -> tuple[list[DomainInfo], dict[str, DomainPlan], Demand]:
+                 fresh: bool = False, result: Demand | None = None
+                 ) -> tuple[list[DomainInfo], dict[str, DomainPlan], Demand]:
     """Every domain with pacing state, an override or jobs (sorted), each one's plan,
-    and the demand it came from. ``infos``: the pacing already read, if it was."""
+    and the demand it came from. ``infos``: the pacing already read, if it was;
+    ``result``: the demand to use (default: :func:`demand`)."""
     infos = store.domains() if infos is None else infos
-    result = demand(store, fresh=fresh)
+    result = demand(store, fresh=fresh) if result is None else result
     known = {i.name for i in infos}
     missing = [name for name in result.loads if name not in known]
     if missing:
