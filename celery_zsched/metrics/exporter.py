@@ -176,12 +176,12 @@ class StoreCollector(Collector):
             if due:
                 self._replan()
             yield from self._domain_families(domains)
+            plans: list[DomainPlan] = []
             if shared is not None:
                 with redis_unavailable():
-                    _infos, plans, _ = planner.domain_plans(store, domains, result=shared)
-                yield from self._planner_families(list(plans.values()),
-                                                  domains[0].now_ms if domains else None,
-                                                  shared)
+                    _infos, by_name, _ = planner.domain_plans(store, domains, result=shared)
+                plans = list(by_name.values())
+            yield from self._planner_families(plans, outbox.now_ms, shared)
 
     def _replan(self) -> None:
         """Recompute the planner's demand in the background: a scan of a large store
@@ -310,16 +310,18 @@ class StoreCollector(Collector):
             breaker.add_metric([d.name], int(d.breaker != "closed"))
         yield from (delay, in_flight, breaker)
 
-    def _planner_families(self, plans: Sequence[DomainPlan], now_ms: int | None,
-                          demand: planner.Demand) -> Iterator[Metric]:
+    def _planner_families(self, plans: Sequence[DomainPlan], now_ms: int,
+                          demand: planner.Demand | None) -> Iterator[Metric]:
+        # Before the first scan finished (demand None), no domain is known to be over.
         over = [p for p in plans if p.oversubscribed]
         yield GaugeMetricFamily("zsched_domains_oversubscribed",
                                 "Domains whose jobs ask for more fetches a day than their "
                                 "pacing allows (capacity planner).", value=len(over))
-        age = max(0, (now_ms or demand.computed_ms) - demand.computed_ms) / 1000.0
-        yield GaugeMetricFamily("zsched_planner_age_seconds",
-                                "Age of the capacity planner's last scan of the schedule.",
-                                value=age)
+        if demand is not None:
+            yield GaugeMetricFamily(
+                "zsched_planner_age_seconds",
+                "Age of the capacity planner's last scan of the schedule.",
+                value=max(0, now_ms - demand.computed_ms) / 1000.0)
         # The highest ratios only: the label set stays bounded however many domains.
         top = sorted(plans, key=lambda p: (-p.ratio, p.name))[:self.top_domains]
         ratio = GaugeMetricFamily("zsched_domain_demand_ratio",
