@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +18,8 @@ from urllib.parse import urlsplit
 
 #: An answer to a path: status, headers, body.
 Reply = tuple[int, dict[str, str], bytes]
+#: Path -> its answer, or a function of the request number of that path.
+Routes = dict[str, Reply | Callable[[int], Reply]]
 _HOSTS = (f"127.0.1.{n}" for n in itertools.cycle(range(2, 250)))
 
 
@@ -25,11 +28,13 @@ class Site(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, host: str, routes: dict[str, Reply | Callable[[int], Reply]]) -> None:
+    def __init__(self, host: str, routes: Routes) -> None:
         super().__init__((host, 0), _Handler)
         self.host = host
         self.routes = routes
         self.hits: Counter[str] = Counter()
+        #: (path, time.time() of arrival) of every request, in order.
+        self.log: list[tuple[str, float]] = []
         self.lock = threading.Lock()
         #: Seconds to pause between body chunks (a slow robots.txt).
         self.trickle_s = 0.0
@@ -46,6 +51,11 @@ class Site(ThreadingHTTPServer):
         with self.lock:
             return self.hits[path]
 
+    def times(self, prefix: str) -> list[float]:
+        """Arrival times of the requests whose path starts with ``prefix``."""
+        with self.lock:
+            return [at for path, at in self.log if path.startswith(prefix)]
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: Site
@@ -55,6 +65,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         with self.server.lock:
             self.server.hits[path] += 1
+            self.server.log.append((path, time.time()))
             number = self.server.hits[path]
         route = self.server.routes.get(path, (200, {}, b"page\n"))
         status, headers, body = route(number) if callable(route) else route
@@ -80,7 +91,7 @@ def serve_sites() -> Iterator[Callable[..., Site]]:
     """``sites(routes)``: a :class:`Site` on an address of its own; stopped in teardown."""
     made: list[tuple[Site, threading.Thread]] = []
 
-    def make(routes: dict[str, Reply | Callable[[int], Reply]]) -> Site:
+    def make(routes: Routes) -> Site:
         site = Site(next(_HOSTS), routes)
         thread = threading.Thread(target=site.serve_forever, kwargs={"poll_interval": 0.05},
                                   daemon=True)

@@ -26,7 +26,7 @@ from celery_zsched.core.robots import _parse_stdlib as parse_stdlib
 from celery_zsched.core.state import RuntimeState
 from celery_zsched.services.robots import RobotsGuard, fetch_robots
 from celery_zsched.store import Store
-from tests.robots_site import Reply, Site, serve_sites
+from tests.robots_site import Routes, Site, serve_sites
 
 Make = Callable[..., Store]
 AGENT = "celery-zsched"
@@ -38,7 +38,7 @@ def sites() -> Iterator[Callable[..., Site]]:
     yield from serve_sites()
 
 
-def _robots(body: bytes, status: int = 200) -> dict[str, Reply | Callable[[int], Reply]]:
+def _robots(body: bytes, status: int = 200) -> Routes:
     return {"/robots.txt": (status, {"Content-Type": "text/plain"}, body)}
 
 
@@ -116,8 +116,8 @@ def test_a_fetch_reads_at_most_the_limit_of_an_oversized_robots_txt(
 
 def test_a_fetch_follows_five_redirects_and_gives_up_after_that(
         sites: Callable[..., Site]) -> None:
-    def hop(n: int, last: int) -> dict[str, Reply | Callable[[int], Reply]]:
-        routes: dict[str, Reply | Callable[[int], Reply]] = {
+    def hop(n: int, last: int) -> Routes:
+        routes: Routes = {
             f"/r{i}": (301, {"Location": f"/r{i + 1}"}, b"") for i in range(1, last)}
         routes["/robots.txt"] = (302, {"Location": "/r1"}, b"")
         routes[f"/r{last}"] = (200, {}, RULES)

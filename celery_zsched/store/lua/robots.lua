@@ -3,8 +3,9 @@
 -- "get" reads an origin's entry and, when it is missing or stale and nobody is
 -- fetching it, claims the fetch for the caller: the claim and the read are one
 -- step, so two workers can never both decide to fetch. "put" stores a fetch's
--- entry, drops the claim and sets the Crawl-delay of the job's pacing domain
--- (``rd`` in its learned state; see _prelude.lua), in the same step.
+-- entry, drops the claim, sets the Crawl-delay of the job's pacing domain
+-- (``rd`` in its learned state; see _prelude.lua) and restamps its last start
+-- (``S``), in the same step.
 --
 -- KEYS[1] robots         hash  origin -> entry JSON (k kind, b body, t fetched ms,
 --                              x expires ms, s status, e error)
@@ -14,7 +15,8 @@
 -- ARGV[2] origin
 -- ARGV[3] get: fetched ms of the entry the caller has parsed already ("" = none):
 --         the body is not sent again; put: the entry JSON
--- ARGV[4] get: how long a claim lasts (ms); put: the pacing domain ("" = none)
+-- ARGV[4] get: how long a claim lasts (ms); put: the pacing domain ("" = none:
+--         pacing is off)
 -- ARGV[5] put: the Crawl-delay (ms) to set on it ("" = none: the domain has none)
 -- Returns get: {entry JSON | "" | "same", now ms, 1 if the caller must fetch else 0};
 --         put: now ms
@@ -29,15 +31,12 @@ if op == "put" then
   if name ~= "" then
     local raw = redis.call("HGET", domains, name)
     local rec = raw and decode_json(raw) or {}
-    local delay = tonumber(ARGV[5])
-    if rec.rd ~= delay then
-      rec.rd = delay
-      if next(rec) == nil then
-        redis.call("HDEL", domains, name)
-      else
-        redis.call("HSET", domains, name, encode_json(rec))
-      end
-    end
+    rec.rd = tonumber(ARGV[5])
+    -- The robots.txt request took the start slot of the job it was fetched
+    -- for, whose own request follows now: the domain's next start is a delay
+    -- after this one, not after the slot's start (start.lua reads S).
+    rec.S = math.max(tonumber(rec.S) or 0, now)
+    redis.call("HSET", domains, name, encode_json(rec))
   end
   return now
 end
