@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_zsched.core.job import Job
 from celery_zsched.core.robots import (
@@ -24,6 +25,7 @@ from celery_zsched.core.robots import (
 )
 from celery_zsched.core.robots import _parse_stdlib as parse_stdlib
 from celery_zsched.core.state import RuntimeState
+from celery_zsched.metrics.exporter import StoreCollector
 from celery_zsched.services.robots import RobotsGuard, fetch_robots
 from celery_zsched.store import Store
 from tests.robots_site import Routes, Site, serve_sites
@@ -286,3 +288,8 @@ def test_a_blocked_run_settles_blocked_by_robots_and_backs_off(
     assert state.last_outcome == "blocked_by_robots"
     assert (state.runs, state.failures) == (0, 0)  # no request went out
     assert store.client.hget(store.keys.counters, "blocked_by_robots") == "1"
+    # The exporter's settles counter has the outcome (the metrics extra is in dev).
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store))
+    exported = generate_latest(registry).decode()
+    assert 'zsched_settles_total{outcome="blocked_by_robots"} 1.0' in exported
