@@ -52,7 +52,7 @@ class RuntimeState:
         "c", "errors since the last success"))
     last_error: str | None = field(default=None, metadata=_wire("e", "the last error text"))
     last_outcome: str | None = field(default=None, metadata=_wire(
-        "ls", "complete | retrying | error | skipped, of the last settle"))
+        "ls", "complete | retrying | error | skipped | blocked_by_robots, of the last settle"))
     last_settled_ms: int | None = field(default=None, metadata=_wire(
         "l", "when the last settle happened, on Redis' clock (the job's last run)"))
     timing_signature: str | None = field(default=None, metadata=_wire(

@@ -27,6 +27,7 @@ from celery_zsched.server.jobs import JobId
 from celery_zsched.server.lease import Lease, LeaseSigner
 from celery_zsched.server.problems import Problem, bad_field
 from celery_zsched.services import signals, tracing
+from celery_zsched.services.robots import RobotsGuard
 from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")
@@ -50,6 +51,35 @@ class Gateway:
     sender: Any = None
     #: Most long-polls waiting at once (``zsched_gateway_max_polls``); past it ``503``.
     max_polls: int = 1 << 30
+    #: The robots.txt check before a hand-out (``zsched_robots``), made on first use.
+    robots: RobotsGuard | None = None
+
+    async def permit(self, claimed: Claimed) -> bool:
+        """Whether ``claimed`` may be handed out: with ``zsched_robots`` on, a job whose
+        URL robots.txt disallows is settled ``blocked_by_robots`` here instead, so
+        HTTP workers never see it (their poll answers ``204``: poll again)."""
+        job, settings = claimed.job, self.store.settings
+        if not settings.robots or not job.url:
+            return True
+        if self.robots is None:
+            self.robots = RobotsGuard(self.store)
+        # A fetch of robots.txt may take its timeout: off the event loop.
+        verdict = await asyncio.to_thread(self.robots.check, job.url,
+                                          job.pacing_domain(settings))
+        if verdict.allowed:
+            return True
+        wait = verdict.retry_s if verdict.retry_s is not None else getattr(
+            job, "max_interval_s", None)
+        result = await asyncio.to_thread(
+            self.store.settle, job.id, claimed.occurrence, claimed.attempt, "blocked",
+            error=f"robots.txt: {verdict.reason} {job.url}", retry_after_s=wait,
+            event={"task_id": None, "transport": "http", "due_ms": claimed.due_ms,
+                   "promoted_ms": claimed.promoted_ms},
+            fence=claimed.fence)
+        log_event("job_blocked_by_robots", logging.WARNING, job_id=job.id,
+                  occurrence=claimed.occurrence, url=job.url, reason=verdict.reason,
+                  retry_s=wait, applied=result.applied, next_run_at=result.next_due_ms)
+        return False
 
     def job_body(self, claimed: Claimed) -> dict[str, Any]:
         """What a worker gets: the job, and the lease it echoes back."""
@@ -168,6 +198,8 @@ async def next_job(
     if hung_up:
         dispatcher.give_back([claimed])  # nobody is listening: back to the schedule
         return Response(status_code=204)
+    if not await gateway.permit(claimed):
+        return Response(status_code=204)
     return JSONResponse(gateway.job_body(claimed))
 
 
@@ -176,7 +208,7 @@ async def _take_now(gateway: Gateway, queue: str) -> Response:
     if gateway.dispatcher.closing:
         raise _unavailable(ShuttingDown())
     batch = await asyncio.to_thread(gateway.store.claim_http, 1, queue)
-    if not batch.jobs:
+    if not batch.jobs or not await gateway.permit(batch.jobs[0]):
         return Response(status_code=204)
     return JSONResponse(gateway.job_body(batch.jobs[0]))
 

@@ -238,6 +238,11 @@ RELOCATE = ScriptSpec(
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 
+#: The robots.txt cache (on the base prefix): "get" reads and maybe claims, "put" stores.
+ROBOTS: ScriptSpec[Any] = ScriptSpec(
+    "robots", ("robots", "robots_claims", "domains"),
+    args=("operation", "origin", "entry", "claim_or_domain", "crawl_delay_ms"))
+
 NOTIFY = ScriptSpec(
     "notify", ("notify_limits", "notify_digest", "notify_held"),
     args=("operation", "subject", "window_ms", "digest_ms", "threshold", "notice", "cap",
@@ -252,5 +257,5 @@ OUTBOX_REPORT = ScriptSpec(
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
-                 RELEASE, CONTROL, RELOCATE, DOMAIN, NOTIFY, OUTBOX_REPORT)
+                 RELEASE, CONTROL, RELOCATE, DOMAIN, ROBOTS, NOTIFY, OUTBOX_REPORT)
 }

@@ -45,7 +45,8 @@ def bounded_timings(event: Mapping[str, Any], now: int) -> dict[str, Any]:
 
 
 #: Status label of a settle that does not retry.
-LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
+LABELS = {"complete": "complete", "skip": "skipped", "error": "error",
+          "blocked": "blocked_by_robots"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -64,7 +65,12 @@ class Settles(Writes):
                http_status: int | None = None, fence: int | None = None,
                delivery: int | None = None,
                known: tuple[str, int] | None = None) -> SettleResult:
-        """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
+        """Apply an outcome (``complete``, ``error``, ``skip`` or ``blocked``), compare-and-set.
+
+        ``blocked`` (robots.txt disallows the job's URL; label
+        ``blocked_by_robots``) sent no request: the job waits ``retry_after_s``
+        (its ``max_interval_s``, or ``zsched_robots_block_s``), or its own
+        interval if that is longer; a one-off job ends.
 
         The next due time is computed from the stored definition and Redis'
         clock; if the definition's timing changes meanwhile, it is recomputed.
@@ -79,7 +85,7 @@ class Settles(Writes):
         started, while its occurrence is queued; with neither, an unfenced caller
         (tests and tools): whatever holds the current occurrence.
         """
-        if outcome not in ("complete", "error", "skip"):
+        if outcome not in LABELS:
             raise ValueError(f"unknown outcome {outcome!r}")
         keys = self.part_of(job_id)
         for _ in range(5):
@@ -110,7 +116,7 @@ class Settles(Writes):
         which is safe, because a settle is a compare-and-set. A store without a
         lane (Redis Cluster) settles at once.
         """
-        if outcome not in ("complete", "error", "skip"):
+        if outcome not in LABELS:
             raise ValueError(f"unknown outcome {outcome!r}")
         if self.lane is None:
             then(self.settle(job_id, occurrence, attempt, outcome, error=error,
@@ -162,7 +168,10 @@ class Settles(Writes):
                 job, outcome, occurrence, attempt, now, retry_after_s)
         return job, label, dict(
             id=job_id, occurrence=occurrence, attempt=attempt,
-            outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
+            # A blocked run sent no request: to the script (and the domain's
+            # pacing) it is a skip, under its own label.
+            outcome="skip" if outcome == "blocked" else outcome, label=label,
+            next_due_ms="" if next_due is None else next_due,
             next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
             signature=job.timing_signature if job else "",
             max_runs=(job.max_runs or 0) if job else 0,
@@ -204,10 +213,26 @@ class Settles(Writes):
                 retry_after_s: float | None) -> tuple[str, int | None, int, int, bool]:
         """Label, next due, next occurrence and attempt, and whether the next due is
         ``now`` plus a delay (a retry, an interval job's next run), not a fixed time."""
+        if outcome == "blocked":
+            return self._blocked(job, now, occurrence, retry_after_s)
         if outcome == "error":
             retry = job.retry_due_ms(attempt, now, self.settings, retry_after_s)
             if retry is not None:
                 return "retrying", retry, occurrence, attempt + 1, True
         next_due = job.next_regular_ms(now, self.settings, self.rng)
         return (LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1,
+                job.kind == "interval")
+
+    def _blocked(self, job: Job, now: int, occurrence: int, wait_s: float | None
+                 ) -> tuple[str, int | None, int, int, bool]:
+        """Label, next due, occurrence, attempt and relativeness of a blocked run."""
+        wait_ms = round((wait_s if wait_s is not None else self.settings.robots_block_s) * 1000)
+        if job.kind == "interval":
+            assert job.interval_s is not None
+            # The interval is added back by next_regular_ms: never sooner than it.
+            now += max(0, wait_ms - round(job.interval_s * 1000))
+        elif job.kind == "cron":
+            now += wait_ms
+        next_due = job.next_regular_ms(now, self.settings, self.rng)
+        return (LABELS["blocked"], next_due, next_due if next_due is not None else occurrence, 1,
                 job.kind == "interval")

@@ -72,7 +72,7 @@ local now = now_ms()
 local function learn(e, P, probe)
   local s, failed = e.rec, outcome == "error"
   local status, retry_after = tonumber(ARGV[14]), tonumber(ARGV[15])
-  local base = e.conf.delay or P.delay
+  local base = domain_base(e, P)
   if status == 429 then s.t4, s.t4n = now, (s.t4n or 0) + 1 end
   if retry_after and retry_after > 0 and (status == 429 or status == 503) then
     s.cu = math.max(s.cu or 0, now + retry_after)

@@ -62,6 +62,7 @@ class RunStatus(models.TextChoices):
     RETRYING = "retrying", "Error, retrying"
     ERROR = "error", "Error"
     SKIPPED = "skipped", "Skipped (misfire)"
+    BLOCKED_BY_ROBOTS = "blocked_by_robots", "Blocked by robots.txt"
 
 
 ChangeAction = core_choices("ChangeAction", ACTIONS, {
