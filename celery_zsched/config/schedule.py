@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from celery_zsched.config.load import check_not_negative, check_positive
+from celery_zsched.core.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class ScheduleSettings:
     max_deliveries: int = 5
     #: Default ``misfire_grace_s``: skip a fire later than this. 0 never skips.
     misfire_grace_s: float = 0.0
+    #: Freshness target of adaptive-recrawl jobs that set none: the expected share
+    #: of time their copy equals the page (0-1, exclusive; see the Recrawl policy page).
+    freshness_target: float = 0.8
     #: Approximate cap of the settle event stream.
     events_maxlen: int = 100_000
     #: Approximate cap of each partition's audit stream (changes to jobs, see the
@@ -70,3 +74,6 @@ class ScheduleSettings:
                        "events_maxlen", "import_chunk", "tombstone_ttl_s")
         check_not_negative(self, "max_jitter_s", "retry_max", "misfire_grace_s", "max_queued",
                            "audit_maxlen")
+        if not 0 < self.freshness_target < 1:
+            raise ConfigurationError(f"zsched_freshness_target: must be between 0 and 1 "
+                                     f"(exclusive), got {self.freshness_target!r}")

@@ -104,6 +104,11 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
             "description": "Give one of interval, cron or run at. Cron is read on the wall "
                            "clock of the time zone, DST included.",
         }),
+        ("Recrawl", {
+            "fields": ("recrawl", "min_interval_s", "max_interval_s", "freshness_target"),
+            "description": "Adaptive: the interval follows the page's estimated change rate "
+                           "(interval jobs only; see the Recrawl policy page).",
+        }),
         ("Counters (mirrored from Redis by zsched_drain and zsched_sync)", {
             "fields": ("last_run", "run_count", "failure_count", "consecutive_failures",
                        "kind", "created", "updated"),

@@ -1,0 +1,153 @@
+"""Change-aware recrawl: estimate how often a page changes, choose when to fetch it again.
+
+Cho and Garcia-Molina model a page's changes as a Poisson process of rate λ
+("Estimating frequency of change", TOIT 2003; "Effective page refresh
+policies for Web crawlers", TODS 2003). A crawler only sees, at each visit,
+whether the page changed since the last one. For ``n`` visits ``I`` apart of
+which ``X`` saw a change, their estimator for such incomplete histories is
+
+    λ = -ln((n - X + 0.5) / (n + 0.5)) / I
+
+(the 0.5s keep it finite when every visit saw a change, and nearly unbiased).
+Our intervals are irregular (they adapt, and pacing delays fires), so ``I`` is
+the mean interval ``T / n`` over the time ``T`` the history covers. And the
+history is exponentially decayed: each visit multiplies ``n``, ``X`` and ``T``
+by :data:`DECAY` before adding itself, so the history is bounded (``n`` never
+exceeds ``1 / (1 - DECAY)`` visits) and a page whose rate changes is followed
+within a few dozen visits.
+
+For rate λ and interval ``I``, the expected freshness (the share of time the
+copy equals the page) is ``F = (1 - e^{-λI}) / (λI)`` and the expected age
+``A = I/2 - 1/λ + (1 - e^{-λI}) / (λ² I)``. ``F`` depends on ``x = λI`` alone,
+so a freshness target ``F*`` fixes ``x*`` (solved once by bisection) and the
+interval is ``x* / λ``, clamped to the job's bounds. A page never seen to
+change gets the upper bound; a job with no reports keeps its fixed interval.
+
+``settle.lua`` does the same arithmetic on Redis' clock (compare-and-set with
+the settle); this module is its Python mirror, and what readers (``zsched
+show``, the REST API, the exporter, the capacity planner) call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery_zsched.core.job import Job
+    from celery_zsched.core.state import RuntimeState
+
+#: Weight each visit keeps in the history per later visit: an effective
+#: window of 1 / (1 - DECAY) = 20 visits.
+DECAY = 0.95
+#: Freshness target of adaptive jobs that set none (``zsched_freshness_target``).
+DEFAULT_TARGET = 0.8
+#: Default bounds of an adaptive job, as multiples of its ``interval_s``.
+DEFAULT_LOW, DEFAULT_HIGH = 0.1, 10.0
+
+
+@dataclass(frozen=True)
+class History:
+    """A job's decayed visit history (what ``settle.lua`` keeps in its runtime state)."""
+
+    visits: float = 0.0
+    changes: float = 0.0
+    #: Seconds the visits covered (each the time since the visit before it).
+    covered_s: float = 0.0
+    #: Redis time (ms) of the last visit, and of the last change seen.
+    last_visit_ms: int | None = None
+    last_change_ms: int | None = None
+
+    def visit(self, now_ms: int, changed: bool) -> History:
+        """The history after a visit at ``now_ms`` that saw (or did not see) a change.
+
+        The first visit only sets the baseline: with nothing before it, it
+        covers no time and cannot tell a change.
+        """
+        last_change = now_ms if changed and self.last_visit_ms is not None else self.last_change_ms
+        if self.last_visit_ms is None:
+            return History(self.visits, self.changes, self.covered_s, now_ms, last_change)
+        gap = max(0.0, (now_ms - self.last_visit_ms) / 1000)
+        return History(self.visits * DECAY + 1, self.changes * DECAY + (1 if changed else 0),
+                       self.covered_s * DECAY + gap, now_ms, last_change)
+
+    def rate(self) -> float | None:
+        """Estimated changes per second, or ``None`` without a visit to go on."""
+        return change_rate(self.visits, self.changes, self.covered_s)
+
+
+def change_rate(visits: float, changes: float, covered_s: float) -> float | None:
+    """Cho and Garcia-Molina's estimate (per second) at the history's mean interval."""
+    if visits <= 0 or covered_s <= 0:
+        return None
+    changes = min(max(changes, 0.0), visits)
+    mean_interval = covered_s / visits
+    return -math.log((visits - changes + 0.5) / (visits + 0.5)) / mean_interval
+
+
+def freshness(rate: float, interval_s: float) -> float:
+    """Expected freshness of a page of change ``rate`` fetched every ``interval_s``."""
+    x = rate * interval_s
+    return 1.0 if x <= 1e-12 else -math.expm1(-x) / x
+
+
+def age_s(rate: float, interval_s: float) -> float:
+    """Expected age (seconds the copy has been stale), Cho's definition."""
+    x = rate * interval_s
+    if x <= 1e-9 or interval_s <= 0:
+        return 0.0
+    return max(0.0, interval_s / 2 - 1 / rate + (-math.expm1(-x)) / (rate * x))
+
+
+@lru_cache(maxsize=64)
+def target_ratio(target: float) -> float:
+    """The ``x = λI`` at which expected freshness equals ``target`` (0 < target < 1)."""
+    if not 0 < target < 1:
+        raise ValueError(f"a freshness target is between 0 and 1, got {target!r}")
+    # F(x) < 1/x, so F(x) = target below x = 1/target; F decreases in x.
+    low, high = 0.0, 1 / target
+    for _ in range(100):
+        mid = (low + high) / 2
+        if freshness(1.0, mid) > target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def choose_interval_s(rate: float | None, target: float, low_s: float, high_s: float,
+                      fixed_s: float) -> float:
+    """The next interval: ``fixed_s`` without an estimate, else ``x*/rate`` in [low, high]."""
+    if rate is None:
+        return fixed_s
+    if rate <= 0:
+        return high_s
+    return min(max(target_ratio(target) / rate, low_s), high_s)
+
+
+def bounds_s(job: Job) -> tuple[float, float]:
+    """An adaptive job's [min, max] interval: its own, else a tenth and ten times ``interval_s``."""
+    base = job.interval_s or 0.0
+    low = job.min_interval_s if job.min_interval_s is not None else base * DEFAULT_LOW
+    high = job.max_interval_s if job.max_interval_s is not None else base * DEFAULT_HIGH
+    return low, max(low, high)
+
+
+def history_of(state: RuntimeState) -> History:
+    """The visit history in a job's runtime state."""
+    return History(state.visits or 0.0, state.changes or 0.0, state.covered_s or 0.0,
+                   state.last_visit_ms, state.last_change_ms)
+
+
+def current_interval_s(job: Job, state: RuntimeState | None = None) -> float | None:
+    """The interval a job runs at now: ``interval_s``, or an adaptive job's chosen one.
+
+    ``None`` for cron and one-off jobs. Pure: the capacity planner reads it.
+    """
+    if job.kind != "interval" or job.interval_s is None:
+        return None
+    if job.recrawl != "adaptive" or state is None or state.recrawl_interval_ms is None:
+        return job.interval_s
+    return state.recrawl_interval_ms / 1000
