@@ -151,3 +151,62 @@ def current_interval_s(job: Job, state: RuntimeState | None = None) -> float | N
     if job.recrawl != "adaptive" or state is None or state.recrawl_interval_ms is None:
         return job.interval_s
     return state.recrawl_interval_ms / 1000
+
+
+#: Longest validator the store keeps (an ETag, a Last-Modified HTTP-date, a
+#: signature): bounded so a hostile site cannot grow the runtime state.
+MAX_VALIDATOR = {"etag": 512, "last_modified": 64, "signature": 128}
+
+
+@dataclass(frozen=True)
+class Visit:
+    """What a run saw of its page: whether it changed, and the validators to keep.
+
+    ``changed`` is the task's word; without it a ``signature`` (a hash of the
+    content, or an ETag) unlike the stored one is a change. ``etag`` and
+    ``last_modified`` are kept for the next conditional request.
+    """
+
+    changed: bool | None = None
+    signature: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.changed is not None and not isinstance(self.changed, bool):
+            raise ValueError(f"changed must be True, False or None, got {self.changed!r:.40}")
+        for name, limit in MAX_VALIDATOR.items():
+            problem = validator_problem(getattr(self, name), limit)
+            if problem:
+                raise ValueError(f"{name} {problem}")
+
+    @property
+    def reported(self) -> bool:
+        """Whether it says anything at all."""
+        return any(v is not None for v in (self.changed, self.signature, self.etag,
+                                           self.last_modified))
+
+
+def validator_problem(value: object, limit: int) -> str | None:
+    """Why ``value`` cannot be kept as a validator (and sent back in a request header)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value or len(value) > limit:
+        return f"must be 1-{limit} characters, got {len(value):,}"
+    # Printable ASCII only: the value goes back out in an HTTP header, where a CR
+    # or LF would let a site inject headers of its own.
+    if not (value.isascii() and value.isprintable()):
+        return "must be printable ASCII (it goes back in an HTTP header)"
+    return None
+
+
+def recrawl_policy(job: Job, target: float, jitter_ms: int) -> dict[str, float] | None:
+    """What ``settle.lua`` needs to choose an adaptive job's next interval (None: fixed)."""
+    if job.recrawl != "adaptive" or job.kind != "interval" or job.interval_s is None:
+        return None
+    low, high = bounds_s(job)
+    return {"lo": round(low * 1000), "hi": round(high * 1000),
+            "x": target_ratio(job.freshness_target or target),
+            "f": round(job.interval_s * 1000), "j": jitter_ms}

@@ -33,6 +33,9 @@ class Claimed:
     #: lease token carries it (fencing). 0 for beat's claims: a worker's start
     #: numbers the execution instead.
     fence: int = 0
+    #: The last visit's ``etag``, ``last_modified`` and ``signature`` (those stored):
+    #: what a conditional fetch sends.
+    validators: dict[str, str] = field(default_factory=dict)
 
     @property
     def task_id(self) -> str:
@@ -54,6 +57,8 @@ class Claimed:
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
+        for name, value in self.validators.items():
+            headers[f"zsched_{name}"] = value
         return headers
 
 

@@ -31,6 +31,11 @@ class JobOffer(BaseModel):
     scheduled_at: int | None = Field(description="When it fell due (epoch ms, Redis' clock).")
     picked_up_at: int | None = Field(description="When it was claimed (epoch ms, Redis' "
                                                   "clock).")
+    etag: str | None = Field(None, description="The last visit's ETag: send it as "
+                                               "If-None-Match.")
+    last_modified: str | None = Field(None, description="The last visit's Last-Modified: "
+                                                        "send it as If-Modified-Since.")
+    signature: str | None = Field(None, description="The last visit's content signature.")
 
 
 class Settled(BaseModel):

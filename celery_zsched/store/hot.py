@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import Visit, recrawl_policy
 from celery_zsched.core.results import (
     ClaimBatch,
     Claimed,
@@ -17,6 +18,7 @@ from celery_zsched.core.results import (
     StartResult,
     merge_batches,
 )
+from celery_zsched.core.timing import jitter_ms
 from celery_zsched.store import scripts
 from celery_zsched.store.base import Call, Held, Running, time_ms, unavailable
 from celery_zsched.store.connection import is_cluster
@@ -310,7 +312,8 @@ class HotPath(Writes):
                event: dict[str, Any] | None = None,
                http_status: int | None = None, fence: int | None = None,
                delivery: int | None = None,
-               known: tuple[str, int] | None = None) -> SettleResult:
+               known: tuple[str, int] | None = None,
+               visit: Visit | None = None) -> SettleResult:
         """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
 
         The next due time is computed from the stored definition and Redis'
@@ -355,7 +358,8 @@ class HotPath(Writes):
                 pacing=self.pacing, fence="" if fence is None else fence,
                 delivery="" if delivery is None else delivery,
                 clock_ms=now if relative else "",
-                end_ms="" if job is None or job.end_at is None else job.end_at)
+                end_ms="" if job is None or job.end_at is None else job.end_at,
+                **self._visit_args(job, visit or Visit()))
             if reply.verdict == "changed":
                 continue
             if job is None or reply.verdict == "deleted":
@@ -366,6 +370,15 @@ class HotPath(Writes):
                                     reply.consecutive_failures, reply.breaker_opened, job)
             return SettleResult(False, reply.verdict, label, job=job)
         return SettleResult(False, "changed", outcome)
+
+    def _visit_args(self, job: Job | None, visit: Visit) -> dict[str, Any]:
+        policy = None if job is None else recrawl_policy(
+            job, self.settings.freshness_target,
+            jitter_ms(job.effective_jitter_s(self.settings), self.rng))
+        return {"changed": "" if visit.changed is None else "1" if visit.changed else "0",
+                "content_signature": visit.signature or "", "etag": visit.etag or "",
+                "last_modified": visit.last_modified or "",
+                "recrawl": json.dumps(policy) if policy else ""}
 
     def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
         """A job's definition and the clock of the server that holds it (one round trip)."""

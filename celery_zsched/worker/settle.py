@@ -10,6 +10,7 @@ from typing import Any
 from celery import current_task
 
 from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.services import signals as zsched_signals
 from celery_zsched.services.appstore import store_for_app
@@ -24,14 +25,26 @@ SETTLE_RETRY_S = 60.0
 
 
 def report(outcome: str = "error", *, error: str = "", retry_after: float | None = None,
-           status: int | None = None) -> None:
+           status: int | None = None, changed: bool | None = None,
+           signature: str | None = None, etag: str | None = None,
+           last_modified: str | None = None) -> None:
     """Report the running task's outcome explicitly, instead of its return value.
 
     For example ``report("error", error="HTTP 429", status=429, retry_after=120)``
     makes a task that returns normally count as an error retried in 120 s, and
     (with pacing on) closes the domain for 120 s. ``report("complete", status=200)``
     reports a success with its status.
+
+    What the fetch saw of the page feeds change-aware recrawl: ``changed``
+    (whether the content changed since the last visit), or a ``signature`` (a
+    hash of the content) from which the store decides; ``etag`` and
+    ``last_modified`` are kept for the next conditional request (see
+    :func:`celery_zsched.worker.validators`). A ``304`` is a visit without a change
+    unless ``changed`` says otherwise. Bad values raise ``ValueError``.
     """
+    if status == 304 and changed is None:
+        changed = False
+    visit = Visit(changed, signature, etag, last_modified)
     if outcome not in ("complete", "error"):
         raise ValueError(f"outcome must be 'complete' or 'error', got {outcome!r}")
     if status is not None and (isinstance(status, bool) or not isinstance(status, int)
@@ -39,6 +52,7 @@ def report(outcome: str = "error", *, error: str = "", retry_after: float | None
         raise ValueError(f"status must be an HTTP status code (100-599), got {status!r}")
     request: Any = current_task.request
     request.zsched_outcome = (outcome, error, retry_after, status)
+    request.zsched_visit = visit if visit.reported else None
 
 
 def with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
@@ -60,7 +74,8 @@ def with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
 
 def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = None, error: str = "",
             retry_after: float | None = None, task_id: str | None = None,
-            status: int | None = None, *, unfenced: bool = False) -> None:
+            status: int | None = None, *, unfenced: bool = False,
+            visit: Visit | None = None) -> None:
     """Settle ``occ``: as the execution ``request``'s start numbered (its fence), or,
     for a message that never started, as its delivery (``unfenced``: as whatever
     holds the occurrence, for an operator's terminate)."""
@@ -98,7 +113,7 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
             retry_after_s=retry_after, event=timings, http_status=status,
             # A message from before fencing has no delivery number: unfenced, as then.
             fence=fence, delivery=None if fence is not None or unfenced else occ.delivery,
-            known=known),
+            known=known, visit=visit),
             SETTLE_RETRY_S)
     except StoreUnavailable as exc:
         logger.error("zsched: giving up settling %s (%s); its lease will expire and "
