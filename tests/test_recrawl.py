@@ -286,3 +286,59 @@ def test_a_failed_task_reports_a_304_as_a_visit_without_change() -> None:
     assert visit_of(JobFailed("boom"), None) is None
     # A bad validator never keeps the error from settling: the visit is dropped.
     assert visit_of(JobFailed("x", etag="\n"), 500) is None
+
+
+# ------------------------------------------------------------------ showing it
+def _taught(store: Store) -> None:
+    _job(store)
+    _visit(store, Visit(changed=False))
+    for changed in (True, False, False, True, False):
+        _visit(store, Visit(changed=changed), 600)
+
+
+def test_the_exporter_reports_fleet_freshness_and_age_from_sampled_states(store: Store) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_zsched.core.recrawl import estimate
+    from celery_zsched.metrics.exporter import StoreCollector
+
+    _taught(store)
+    store.upsert(Job.from_dict({"id": "quiet", "task": "t", "interval_s": 60}))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store))
+    values = {s.name: s.value for family in registry.collect() for s in family.samples
+              if not s.labels or s.labels.get("le") == "+Inf"}
+    expected = estimate(_state(store))
+    assert expected is not None and 0 < expected.freshness < 1
+    assert values["zsched_recrawl_sampled_jobs"] == 2
+    assert values["zsched_recrawl_estimated_jobs"] == 1
+    assert values["zsched_fleet_freshness_ratio"] == pytest.approx(expected.freshness)
+    assert values["zsched_fleet_age_seconds"] == pytest.approx(expected.age_s)
+    assert values["zsched_recrawl_interval_seconds_bucket"] == 1
+
+
+def test_show_and_the_rest_view_carry_the_rate_interval_and_last_change(store: Store) -> None:
+    from celery_zsched.core.recrawl import summary
+    from celery_zsched.server.views import job_view
+
+    _taught(store)
+    info = store.get("page")
+    now = store.now_ms()
+    seen = summary(info.job, info.state, now)
+    assert seen["recrawl"] == "adaptive" and seen["change_rate_per_day"] > 0
+    assert seen["interval_s"] == (info.state.recrawl_interval_ms or 0) / 1000
+    assert 0 <= seen["since_last_change_s"] < 60
+    view = job_view(store, info, now_ms=now)
+    assert view.recrawl is not None and view.recrawl.interval_s == seen["interval_s"]
+    assert view.recrawl.change_rate_per_day == pytest.approx(seen["change_rate_per_day"])
+
+
+def test_the_next_fires_of_an_adaptive_job_follow_its_chosen_interval(store: Store) -> None:
+    from celery_zsched.services.preview import preview_info
+
+    _taught(store)
+    info = store.get("page")
+    fires = preview_info(info, store.now_ms(), 3, store.settings).fires
+    step = info.state.recrawl_interval_ms
+    assert step is not None and step != FIXED * 1000
+    assert fires[2].utc_ms - fires[1].utc_ms == step

@@ -33,6 +33,7 @@ from celery_zsched.core.errors import (
     got,
 )
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import summary as recrawl_summary
 from celery_zsched.core.rows import export_row
 from celery_zsched.store import JobInfo, Store
 
@@ -203,14 +204,18 @@ def list_(ctx: click.Context, limit: int, offset: int) -> None:
 @handles_errors
 def show(ctx: click.Context, job_id: str) -> None:
     """A job's definition and live state, as JSON."""
-    info = store_of(ctx).get(job_id)
+    store = store_of(ctx)
+    info = store.get(job_id)
     state = {k: v for k, v in info.state.to_dict().items() if v is not None}
-    echo(ctx, json.dumps({
+    out = {
         "id": info.job.id, "kind": info.job.kind, "status": info.status,
         "paused": info.paused, "next_run": iso(info.due_ms),
         "lease_until": iso(info.lease_until_ms), "definition": export_row(info.job),
         "state": state,
-    }, indent=2, ensure_ascii=False))
+    }
+    if info.job.kind == "interval":
+        out["recrawl"] = recrawl_summary(info.job, info.state, store.now_ms())
+    echo(ctx, json.dumps(out, indent=2, ensure_ascii=False))
 
 
 @click.command(cls=CeleryCommand)

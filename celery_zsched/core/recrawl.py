@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from celery_zsched.core.job import Job
@@ -210,3 +210,42 @@ def recrawl_policy(job: Job, target: float, jitter_ms: int) -> dict[str, float] 
     return {"lo": round(low * 1000), "hi": round(high * 1000),
             "x": target_ratio(job.freshness_target or target),
             "f": round(job.interval_s * 1000), "j": jitter_ms}
+
+
+def summary(job: Job, state: RuntimeState, now_ms: int) -> dict[str, Any]:
+    """What change-aware recrawl knows of a job, for people (``zsched show``, the REST
+    API, the admin): its mode, current interval, estimated change rate (per day),
+    expected freshness and age at that interval, and the time since a change was seen."""
+    rate = history_of(state).rate()
+    interval = current_interval_s(job, state)
+    since = None if state.last_change_ms is None else max(0, now_ms - state.last_change_ms) / 1000
+    return {
+        "recrawl": job.recrawl, "interval_s": interval,
+        "visits": round(state.visits or 0.0, 3),
+        "change_rate_per_day": None if rate is None else rate * 86_400,
+        "expected_freshness": None if rate is None or interval is None
+        else freshness(rate, interval),
+        "expected_age_s": None if rate is None or interval is None else age_s(rate, interval),
+        "since_last_change_s": since,
+    }
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """One sampled job's estimate: change rate (per s), interval (s), freshness, age (s)."""
+
+    rate: float
+    interval_s: float
+    freshness: float
+    age_s: float
+
+
+def estimate(state: RuntimeState) -> JobEstimate | None:
+    """The job's expected freshness and age now, or ``None`` without reports."""
+    history = history_of(state)
+    rate = history.rate()
+    if rate is None or not history.visits:
+        return None
+    interval = (state.recrawl_interval_ms / 1000 if state.recrawl_interval_ms
+                else history.covered_s / history.visits)
+    return JobEstimate(rate, interval, freshness(rate, interval), age_s(rate, interval))

@@ -7,7 +7,8 @@ prefork pool, worker restarts and any number of hosts without a per-process
 registry or a ``PROMETHEUS_MULTIPROC_DIR``.
 
 A scrape costs two round trips: ``TIME`` (with the Django outbox's report),
-then one pipeline over every partition; with pacing on, the domain hashes are
+then one pipeline over every partition (with a random sample of job states for
+the fleet's freshness: :mod:`celery_zsched.metrics.recrawl`); with pacing on, the domain hashes are
 scanned too (``HSCAN``, one round trip per few hundred domains). No label grows
 with the number of jobs; per-domain series exist only for the ``top_domains``
 worst domains.
@@ -37,6 +38,7 @@ from prometheus_client.registry import Collector
 from celery_zsched.core.domains import DomainInfo
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.results import OutboxReport
+from celery_zsched.metrics import recrawl
 from celery_zsched.store import Store
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys
@@ -146,8 +148,10 @@ class StoreCollector(Collector):
         totals = dict.fromkeys((*names, "expired", "http_due"), 0)
         oldest: int | None = None
         counters: dict[str, int] = {}
+        samples = []
         for part, reply in enumerate(replies):
-            *counts, first, expired, hash_, events, http_waiting, http_due = reply
+            *counts, first, expired, hash_, events, http_waiting, http_due, sample = reply
+            samples.append(sample)
             for name, value in zip(names, counts, strict=True):
                 totals[name] += int(value)
             # HTTP jobs are jobs like any: scheduled counts them; their own
@@ -163,6 +167,7 @@ class StoreCollector(Collector):
         yield from self._job_families(totals, now - oldest if oldest is not None else 0)
         yield from self._outbox_families(outbox)
         yield from self._counter_families(counters)
+        yield from recrawl.fleet_families(recrawl.sample_states(samples))
         yield self.start_lag.family(
             "zsched_start_lag_seconds",
             "Task start minus due time, from settle events read since the exporter started.")
@@ -192,6 +197,7 @@ class StoreCollector(Collector):
             pipe.xrange(keys.events, min=f"({cursor}", count=EVENTS_PER_SCRAPE)
         pipe.zcard(keys.http_schedule)
         pipe.zcount(keys.http_schedule, "-inf", now)
+        pipe.hrandfield(keys.state, recrawl.SAMPLE, withvalues=True)
 
     def _advance(self, part: int, events: Sequence[tuple[str, dict[str, str]]]) -> None:
         """Move partition ``part``'s cursor past ``events``, observing their start lag."""

@@ -87,3 +87,30 @@ def test_import_and_export_commands_carry_adaptive_jobs(tmp_path: Path, suffix: 
     ZSchedJob.objects.all().delete()
     _run("zsched_import", "--file", str(out))
     assert _definitions() == before
+
+
+def _taught(zstore: Store, job_id: str) -> None:
+    """Three visits of ``job_id``: one change seen."""
+    from celery_zsched.core.recrawl import Visit
+
+    for changed in (False, True, False):
+        zstore.run_now(job_id)
+        claimed = next(c for c in zstore.claim().jobs if c.job.id == job_id)
+        zstore.settle(job_id, claimed.occurrence, claimed.attempt, "complete",
+                      visit=Visit(changed=changed))
+
+
+def test_the_job_page_and_the_dashboard_show_what_the_visits_taught(
+        admin_client: Client, zstore: Store, capture: Callable[[], Any]) -> None:
+    from tests.django.test_admin import CHANGE
+
+    with capture():
+        row = ZSchedJob.objects.create(job_id="page", url="https://a.example.org/p",
+                                       interval_s=600, recrawl="adaptive")
+    _taught(zstore, "page")
+    page = admin_client.get(reverse(CHANGE, args=[row.pk])).content.decode()
+    assert "what its visits taught" in page.lower()
+    assert "changes about" in page and "last change seen" in page
+    dashboard = admin_client.get(reverse("admin:zsched_dashboard")).content.decode()
+    assert 'id="zsched-freshness"' in dashboard and "Recrawl intervals (sampled)" in dashboard
+    assert "With a change-rate estimate</th><td class=\"num\">1<" in dashboard
