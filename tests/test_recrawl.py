@@ -342,3 +342,17 @@ def test_the_next_fires_of_an_adaptive_job_follow_its_chosen_interval(store: Sto
     step = info.state.recrawl_interval_ms
     assert step is not None and step != FIXED * 1000
     assert fires[2].utc_ms - fires[1].utc_ms == step
+
+
+def test_chos_allocation_spends_the_budget_and_beats_a_fixed_interval() -> None:
+    rng = random.Random(22)
+    rates = [10 ** rng.uniform(-4, -1) for _ in range(200)]
+    budget = len(rates) / 600  # a fixed interval of 600 s
+    mu = recrawl.solve_mu(rates, budget, 6, 60_000)
+    intervals = [recrawl.allocation_interval_s(r, mu, 6, 60_000) for r in rates]
+    assert sum(1 / i for i in intervals) == pytest.approx(budget, rel=1e-3)
+    allocated = sum(freshness(r, i) for r, i in zip(rates, intervals, strict=True))
+    fixed = sum(freshness(r, 600) for r in rates)
+    assert allocated > fixed
+    # The fastest pages are not worth their fetches: they get the upper bound.
+    assert recrawl.allocation_interval_s(max(rates), mu * 1e6, 6, 60_000) == 60_000

@@ -249,3 +249,41 @@ def estimate(state: RuntimeState) -> JobEstimate | None:
     interval = (state.recrawl_interval_ms / 1000 if state.recrawl_interval_ms
                 else history.covered_s / history.visits)
     return JobEstimate(rate, interval, freshness(rate, interval), age_s(rate, interval))
+
+
+# Cho and Garcia-Molina's allocation ("Effective page refresh policies", TODS
+# 2003): the fetch frequencies f_i that maximise the total freshness for a
+# budget sum(f_i) = B make every page's marginal freshness per fetch equal,
+# 1 - (1 + x) e^{-x} = mu * lambda with x = lambda / f; a page with
+# mu * lambda >= 1 changes too fast to be worth any fetch (its upper bound).
+# Not wired into settle.lua: the capacity planner, which knows each domain's
+# budget, is where mu would be solved (solve_mu) and handed to the settle.
+def allocation_interval_s(rate: float, mu: float, low_s: float, high_s: float) -> float:
+    """The interval Cho's allocation gives a page of change ``rate`` at multiplier ``mu``."""
+    if rate <= 0 or mu * rate >= 1:
+        return high_s
+    goal = mu * rate
+    low, high = 0.0, 60.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if -math.expm1(-mid) - mid * math.exp(-mid) < goal:
+            low = mid
+        else:
+            high = mid
+    return min(max((low + high) / 2 / rate, low_s), high_s)
+
+
+def solve_mu(rates: list[float], budget_per_s: float, low_s: float, high_s: float) -> float:
+    """The multiplier at which the allocation spends ``budget_per_s`` fetches a second
+    over pages of ``rates`` (each interval in [low_s, high_s])."""
+    def spent(mu: float) -> float:
+        return sum(1 / allocation_interval_s(r, mu, low_s, high_s) for r in rates)
+
+    low, high = 1e-9, 1e9
+    for _ in range(80):
+        mid = math.sqrt(low * high)
+        if spent(mid) > budget_per_s:
+            low = mid
+        else:
+            high = mid
+    return math.sqrt(low * high)
