@@ -30,6 +30,7 @@ show``, the REST API, the exporter, the capacity planner) call.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -179,6 +180,13 @@ class Visit:
             problem = validator_problem(getattr(self, name), limit)
             if problem:
                 raise ValueError(f"{name} {problem}")
+
+    def settle_args(self, policy: dict[str, float] | None) -> dict[str, str]:
+        """``settle.lua``'s ARGV for this visit and an adaptive job's ``policy``."""
+        return {"changed": "" if self.changed is None else "1" if self.changed else "0",
+                "content_signature": self.signature or "", "etag": self.etag or "",
+                "last_modified": self.last_modified or "",
+                "recrawl": json.dumps(policy) if policy else ""}
 
     @property
     def reported(self) -> bool:

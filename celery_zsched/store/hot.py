@@ -359,7 +359,9 @@ class HotPath(Writes):
                 delivery="" if delivery is None else delivery,
                 clock_ms=now if relative else "",
                 end_ms="" if job is None or job.end_at is None else job.end_at,
-                **self._visit_args(job, visit or Visit()))
+                **(visit or Visit()).settle_args(None if job is None else recrawl_policy(
+                    job, self.settings.freshness_target,
+                    jitter_ms(job.effective_jitter_s(self.settings), self.rng))))
             if reply.verdict == "changed":
                 continue
             if job is None or reply.verdict == "deleted":
@@ -370,15 +372,6 @@ class HotPath(Writes):
                                     reply.consecutive_failures, reply.breaker_opened, job)
             return SettleResult(False, reply.verdict, label, job=job)
         return SettleResult(False, "changed", outcome)
-
-    def _visit_args(self, job: Job | None, visit: Visit) -> dict[str, Any]:
-        policy = None if job is None else recrawl_policy(
-            job, self.settings.freshness_target,
-            jitter_ms(job.effective_jitter_s(self.settings), self.rng))
-        return {"changed": "" if visit.changed is None else "1" if visit.changed else "0",
-                "content_signature": visit.signature or "", "etag": visit.etag or "",
-                "last_modified": visit.last_modified or "",
-                "recrawl": json.dumps(policy) if policy else ""}
 
     def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
         """A job's definition and the clock of the server that holds it (one round trip)."""
