@@ -50,6 +50,9 @@ class Claimed:
     #: Where it was claimed, as ``"index@layout"`` (``""``: placed by id, which needs
     #: no hint): the worker finds the job's partition without the directory.
     partition: str = ""
+    #: The last visit's ``etag``, ``last_modified`` and ``signature`` (those stored):
+    #: what a conditional fetch sends.
+    validators: dict[str, str] = field(default_factory=dict)
 
     @property
     def task_id(self) -> str:
@@ -73,6 +76,8 @@ class Claimed:
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
+        for name, value in self.validators.items():
+            headers[f"zsched_{name}"] = value
         return headers
 
 

@@ -7,7 +7,8 @@ prefork pool, worker restarts and any number of hosts without a per-process
 registry or a ``PROMETHEUS_MULTIPROC_DIR``.
 
 A scrape costs two round trips: ``TIME`` (with the Django outbox's report),
-then one pipeline over every partition; with pacing on, the domain hashes are
+then one pipeline over every partition (with a random sample of job states for
+the fleet's freshness: :mod:`celery_zsched.metrics.recrawl`); with pacing on, the domain hashes are
 scanned too (``HSCAN``, one round trip per few hundred domains). No label grows
 with the number of jobs; per-domain series exist only for the ``top_domains``
 worst domains.
@@ -38,6 +39,7 @@ from celery_zsched.core.domains import DomainInfo
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.planner import DomainPlan
 from celery_zsched.core.results import OutboxReport
+from celery_zsched.metrics import recrawl
 from celery_zsched.services import planner
 from celery_zsched.store import Store
 from celery_zsched.store.errors import redis_unavailable
@@ -152,9 +154,11 @@ class StoreCollector(Collector):
         oldest: int | None = None
         counters: dict[str, int] = {}
         queues: dict[str, list[int]] = {}
+        samples = []
         for part, reply in enumerate(replies):
             (*counts, first, expired, hash_, events, http_waiting, http_due, flights,
-             held) = reply
+             held, sample) = reply
+            samples.append(sample)
             for column, per_queue in enumerate((flights, held)):
                 for queue, n in (per_queue or {}).items():
                     queues.setdefault(str(queue), [0, 0])[column] += max(0, int(n))
@@ -174,6 +178,7 @@ class StoreCollector(Collector):
         yield from self._outbox_families(outbox)
         yield from self._counter_families(counters)
         yield from self._queue_families(queues)
+        yield from recrawl.fleet_families(recrawl.sample_states(samples))
         yield self.start_lag.family(
             "zsched_start_lag_seconds",
             "Task start minus due time, from settle events read since the exporter started.")
@@ -228,6 +233,7 @@ class StoreCollector(Collector):
         pipe.zcount(keys.http_schedule, "-inf", now)
         pipe.hgetall(keys.queue_in_flight)
         pipe.hgetall(keys.queue_held)
+        pipe.hrandfield(keys.state, recrawl.SAMPLE, withvalues=True)
 
     def _advance(self, part: int, events: Sequence[tuple[str, dict[str, str]]]) -> None:
         """Move partition ``part``'s cursor past ``events``, observing their start lag."""

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.results import Claimed, SettleResult
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.server.auth import require
@@ -94,6 +95,7 @@ class Gateway:
             lease=self.signer.token(lease), lease_s=self.lease_s,
             scheduled_at=claimed.due_ms, picked_up_at=claimed.promoted_ms,
             traceparent=_traced(claimed),
+            **claimed.validators,
         ).model_dump(mode="json")
 
     def lease_of(self, job_id: str, token: str) -> Lease:
@@ -228,6 +230,13 @@ def _settled(result: SettleResult) -> JSONResponse:
         status_code=409)
 
 
+def _visit(report: CompleteReport, status: int | None) -> Visit | None:
+    changed = False if status == 304 and report.changed is None else report.changed
+    # The body's schema already bounds each value as Visit does.
+    visit = Visit(changed, report.signature, report.etag, report.last_modified)
+    return visit if visit.reported else None
+
+
 async def _settle(request: Request, job_id: str, report: CompleteReport, outcome: str, *,
                   error: str = "", status: int | None = None,
                   retry_after: float | None = None) -> JSONResponse:
@@ -240,7 +249,7 @@ async def _settle(request: Request, job_id: str, report: CompleteReport, outcome
     result = await asyncio.to_thread(
         gateway.store.settle, lease.job_id, lease.occurrence, lease.attempt, outcome,
         error=error, retry_after_s=retry_after, event=timings, http_status=status,
-        fence=lease.fence)
+        fence=lease.fence, visit=_visit(report, status))
     # Start and end are both on Redis' clock: the claim's and the settle's.
     duration = (result.now_ms - picked if result.now_ms is not None and picked is not None
                 else None)
@@ -266,7 +275,7 @@ async def _settle(request: Request, job_id: str, report: CompleteReport, outcome
 async def complete(job_id: JobId, request: Request) -> JSONResponse:
     """Settle (compare-and-set): the job's next run is scheduled from now."""
     report = await read_model(request, CompleteReport)
-    return await _settle(request, job_id, report, "complete")
+    return await _settle(request, job_id, report, "complete", status=report.status)
 
 
 @router.post("/jobs/{job_id:path}/error", summary="Report a job failed",

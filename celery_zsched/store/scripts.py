@@ -74,11 +74,20 @@ class ScriptSpec(Generic[R]):
 def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
     now, next_due, next_deadline, room, held, queue_held = (int(x) for x in res[:6])
     jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
-                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]))
-            for i in range(6, len(res), 7)]
+                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]),
+                    _validators(res[i + 7]))
+            for i in range(6, len(res), 8)]
     return ClaimBatch(now, next_due if next_due >= 0 else None,
                       next_deadline if next_deadline >= 0 else None, jobs, room, held,
                       queue_held)
+
+
+def _validators(raw: Any) -> dict[str, str]:
+    if not raw:
+        return {}
+    stored = json.loads(raw)
+    return {name: stored[wire] for name, wire in
+            (("etag", "et"), ("last_modified", "lm"), ("signature", "sg")) if wire in stored}
 
 
 def _start_reply(res: Sequence[Any]) -> StartResult:
@@ -206,7 +215,8 @@ SETTLE = ScriptSpec(
                "domains", "domain_conf", "http_schedule", "http_wake", "queue_in_flight"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
-          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms"),
+          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms",
+          "changed", "content_signature", "etag", "last_modified", "recrawl"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",

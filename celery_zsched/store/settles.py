@@ -9,7 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import Visit, recrawl_policy
 from celery_zsched.core.results import SettleResult
+from celery_zsched.core.timing import jitter_ms
 from celery_zsched.store import scripts
 from celery_zsched.store.base import time_ms, unavailable
 from celery_zsched.store.connection import is_cluster
@@ -64,7 +66,8 @@ class Settles(Writes):
                event: dict[str, Any] | None = None,
                http_status: int | None = None, fence: int | None = None,
                delivery: int | None = None,
-               known: tuple[str, int] | None = None) -> SettleResult:
+               known: tuple[str, int] | None = None,
+               visit: Visit | None = None) -> SettleResult:
         """Apply an outcome (``complete``, ``error``, ``skip`` or ``blocked``), compare-and-set.
 
         ``blocked`` (robots.txt disallows the job's URL; label
@@ -94,7 +97,7 @@ class Settles(Writes):
             job, label, args = self._settle_args(
                 job_id, occurrence, attempt, outcome, raw, now, error=error,
                 retry_after_s=retry_after_s, event=event, http_status=http_status, fence=fence,
-                delivery=delivery)
+                delivery=delivery, visit=visit)
             result = self._settle_result(job, label, self._call_hot(scripts.SETTLE, keys, **args))
             if result is not None:
                 return result
@@ -105,7 +108,7 @@ class Settles(Writes):
                     then: Callable[[SettleResult | None], None], *, known: tuple[str, int],
                     error: str = "", retry_after_s: float | None = None,
                     event: dict[str, Any] | None = None, http_status: int | None = None,
-                    fence: int | None = None) -> None:
+                    fence: int | None = None, visit: Visit | None = None) -> None:
         """:meth:`settle`, sent now and applied by Redis as it arrives; its reply is read
         by the next :meth:`collect` (a worker's next start, or its timer), which hands
         the result to ``then``.
@@ -121,13 +124,13 @@ class Settles(Writes):
         if self.lane is None:
             then(self.settle(job_id, occurrence, attempt, outcome, error=error,
                              retry_after_s=retry_after_s, event=event, http_status=http_status,
-                             fence=fence, known=known))
+                             fence=fence, known=known, visit=visit))
             return
         keys = self.part_of(job_id)
         job, label, args = self._settle_args(
             job_id, occurrence, attempt, outcome, *known, error=error,
             retry_after_s=retry_after_s, event=event, http_status=http_status, fence=fence,
-            delivery=None)
+            delivery=None, visit=visit)
 
         def on_reply(reply: Any) -> None:
             then(None if reply is None
@@ -152,7 +155,7 @@ class Settles(Writes):
     def _settle_args(self, job_id: str, occurrence: int, attempt: int, outcome: str,
                      raw: str | None, now: int, *, error: str, retry_after_s: float | None,
                      event: dict[str, Any] | None, http_status: int | None,
-                     fence: int | None, delivery: int | None
+                     fence: int | None, delivery: int | None, visit: Visit | None = None
                      ) -> tuple[Job | None, str, dict[str, Any]]:
         """The job, the status label and the settle script's arguments, decided from the
         definition ``raw`` (``None``: deleted) and Redis' clock ``now``."""
@@ -182,7 +185,10 @@ class Settles(Writes):
             pacing=self.pacing, fence="" if fence is None else fence,
             delivery="" if delivery is None else delivery,
             clock_ms=now if relative else "",
-            end_ms="" if job is None or job.end_at is None else job.end_at)
+            end_ms="" if job is None or job.end_at is None else job.end_at,
+            **(visit or Visit()).settle_args(None if job is None else recrawl_policy(
+                job, self.settings.freshness_target,
+                jitter_ms(job.effective_jitter_s(self.settings), self.rng))))
 
     @staticmethod
     def _settle_result(job: Job | None, label: str, reply: Any) -> SettleResult | None:

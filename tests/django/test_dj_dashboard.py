@@ -167,7 +167,8 @@ def test_the_page_shows_states_dead_letters_and_charts(
     stats = response.context["stats"]
     assert (stats["jobs"], stats["paused"], stats["dead"]) == (6, 2, 1)
     html = response.content.decode()
-    assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="zsched-chart"') == 4
+    # Due load, lateness, outcomes, states, and the sampled recrawl intervals.
+    assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="zsched-chart"') == 5
     assert 'role="img"' in html and "<desc" in html
     assert "2 paused" in html and "1 dead" in html
     assert f'href="{reverse("admin:zsched_dead_letters")}"' in html

@@ -45,11 +45,13 @@ from django.utils.safestring import SafeString, mark_safe
 
 from celery_zsched.contrib.django import outbox, svg
 from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.freshness_chart import SAMPLE, freshness_figures
 from celery_zsched.contrib.django.models import ZSchedRun
 from celery_zsched.contrib.django.stats import percentile
 from celery_zsched.core import domain_table
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.planner import DomainPlan
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.core.timing import ms_to_dt
 from celery_zsched.services import planner
 from celery_zsched.store import Store
@@ -115,6 +117,8 @@ class Dashboard:
     stats: dict[str, int]
     dead_ids: list[str]
     alerts: dict[str, list[str]] | None
+    #: A random sample of runtime states, for the freshness chart.
+    sample: list[RuntimeState]
     #: The capacity planner's over-subscribed domains, highest demand ratio first.
     oversubscribed: list[DomainPlan] = field(default_factory=list)
 
@@ -133,7 +137,8 @@ def gather(store: Store, hours: int = HOURS) -> Dashboard:
             runs=run_window(store, now, hours), stats=stats,
             dead_ids=store.dead_ids(LISTED) if stats.get("dead") else [],
             alerts=store.domain_alerts() if store.settings.pacing else None,
-            oversubscribed=_oversubscribed(store) if store.settings.pacing else [])
+            oversubscribed=_oversubscribed(store) if store.settings.pacing else [],
+            sample=store.sample_states(SAMPLE))
 
 
 def _oversubscribed(store: Store) -> list[DomainPlan]:
@@ -380,6 +385,8 @@ class DashboardAdminView:
             "lateness_svg": _safe(lateness_chart(data.runs)),
             "outcomes_svg": _safe(outcomes_chart(data.runs)),
             "states_svg": _safe(states_chart(data.stats)),
+            **{k: _safe(v) if k.endswith("_svg") else v
+               for k, v in freshness_figures(data.sample).items()},
             "stats": data.stats, "source": data.runs.source,
             "hours": [(h, h.lateness.get(50), h.lateness.get(99)) for h in data.runs.hours],
             "due_total": data.due.overdue + sum(data.due.counts),

@@ -44,7 +44,8 @@
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, slots left, held,
 --          held back by their queue's bound,
 --          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms,
---          fence (the holder's number: the gateway's lease token carries it)}
+--          fence (the holder's number: the gateway's lease token carries it),
+--          validators JSON {et, lm, sg} of the last visit ("" = none)}
 -- next_due_ms is the schedule's first score; for the gateway, its first score
 -- in the future (jobs already due that a queue filter skipped do not count);
 -- now when held-back jobs of a queue with room wait to be taken back.
@@ -246,6 +247,9 @@ if limit > 0 then
         out[#out + 1] = st.x
         out[#out + 1] = score
         out[#out + 1] = st.k or 0
+        -- The validators of the last visit, for a conditional fetch ("" = none).
+        out[#out + 1] = (st.et or st.lm or st.sg)
+          and encode_json({et = st.et, lm = st.lm, sg = st.sg}) or ""
       end
     else
       redis.call("HDEL", state, id)
