@@ -75,7 +75,7 @@ def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
     now, next_due, next_deadline, room, held, queue_held = (int(x) for x in res[:6])
     jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
                     int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]),
-                    _validators(res[i + 7]))
+                    validators=_validators(res[i + 7]))
             for i in range(6, len(res), 8)]
     return ClaimBatch(now, next_due if next_due >= 0 else None,
                       next_deadline if next_deadline >= 0 else None, jobs, room, held,
