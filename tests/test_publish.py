@@ -27,14 +27,12 @@ import redis
 from celery import Celery
 from celery.exceptions import CDeprecationWarning
 from celery.utils.saferepr import saferepr
-from hypothesis import given
-from hypothesis import strategies as st
 from kombu import Connection, Exchange, Queue
 
 from celery_zsched.beat import envelope
 from celery_zsched.beat.publish import _send, fast_repr, publish_batch
 from celery_zsched.core.job import Job
-from celery_zsched.store import TASK_ID_NAMESPACE, Claimed, task_id_for
+from celery_zsched.store import Claimed
 
 AMQP_URL = os.environ.get("ZSCHED_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
@@ -327,13 +325,6 @@ def test_fast_repr_equals_saferepr(value: Any) -> None:
     for maxlen, maxlevels in ((1024, 3), (20, 3), (4096, 0)):
         assert fast_repr(value, maxlen, maxlevels) == saferepr(value, maxlen, maxlevels=maxlevels)
 
-
-@given(job_id=st.text(max_size=40), occurrence=st.integers(-(2**63), 2**63),
-       attempt=st.integers(0, 10**6))
-def test_task_id_is_uuid5_of_the_occurrence(job_id: str, occurrence: int, attempt: int) -> None:
-    """task_id_for, written out for speed, names a message as uuid5 always has."""
-    expected = uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}")
-    assert task_id_for(job_id, occurrence, attempt) == str(expected)
 
 
 def test_templated_messages_get_distinct_uuid4_delivery_tags() -> None:
