@@ -335,3 +335,25 @@ def test_templated_messages_get_distinct_uuid4_delivery_tags() -> None:
     for tag in tags:
         parsed = uuid.UUID(tag)
         assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, tag)
+
+
+def test_publish_signal_receivers_see_every_message(redis_url: str, rclient: redis.Redis) -> None:
+    """A before_task_publish receiver (tracing injects its context so) runs for every
+    message and its changes are sent: templates are not used while one is connected."""
+    app = Celery("signals", broker=redis_url, set_as_current=False)
+    app.conf.task_default_queue = "signalled"
+    jobs = [_claimed({"url": f"http://127.0.0.1:1/{i}"}, 1_000 + i) for i in range(5)]
+
+    def stamp(headers: dict[str, Any], **_: Any) -> None:
+        headers["traceparent"] = f"00-{headers['id'].replace('-', '')}-01"
+
+    celery.signals.before_task_publish.connect(stamp)
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, jobs)
+    finally:
+        celery.signals.before_task_publish.disconnect(stamp)
+        app.close()
+    headers = [json.loads(raw)["headers"] for raw in rclient.lrange("signalled", 0, -1)]
+    assert sorted(h["traceparent"] for h in headers) == sorted(
+        f"00-{c.task_id.replace('-', '')}-01" for c in jobs)
