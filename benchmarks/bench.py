@@ -79,12 +79,14 @@ class Cfg:
     idle_sleep_s: float = 0.001
     #: How far ahead of its one second the "second" phase stores its jobs.
     second_lead_ms: int = 3000
+    #: zsched_tracing on, spans to an SDK tracer provider (batched, then dropped).
+    tracing: bool = False
 
 
 def make_app(cfg: Cfg) -> Any:
     """A Celery app on the throwaway broker, with zsched pointed at the store."""
     return celery_app("zsched_bench", cfg.broker_url, cfg.store_url, STORE_PREFIX,
-                      cfg.batch_size)
+                      cfg.batch_size, zsched_tracing=cfg.tracing)
 
 
 def celery_app(name: str, broker_url: str, store_url: str, key_prefix: str, batch_size: int,
@@ -506,6 +508,26 @@ def _redis_cpu_s(client: redis.Redis) -> float:
 
 
 # ---------------------------------------------------------------------- beat
+def trace_to_nowhere() -> None:
+    """A tracer provider as a project would set one up (the SDK, a batch processor),
+    whose exporter drops the spans: the cost measured is beat's, not a collector's."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
 class BeatHarness:
     """A real ``ZSchedScheduler`` in this process, driven tick by tick."""
 
@@ -514,6 +536,8 @@ class BeatHarness:
 
         self.cfg = cfg
         self.store_port = store_port
+        if cfg.tracing:
+            trace_to_nowhere()
         self.app = make_app(cfg)
         self.sched = ZSchedScheduler(self.app)
         self.monitor = redis.Redis.from_url(cfg.store_url, decode_responses=True)
@@ -1015,6 +1039,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--second-lead-ms", type=int, default=3000,
                         help="how far ahead the 'second' phase's second starts; its import "
                              "must end before (default 3000)")
+    parser.add_argument("--tracing", action="store_true",
+                        help="beat with zsched_tracing on (spans batched by the SDK, dropped)")
     parser.add_argument("--json", help="also write raw results to this file")
     return parser.parse_args(argv)
 
@@ -1042,7 +1068,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Cfg(store_url=store.url(), broker_url=broker.url(), interval_s=args.interval_s,
                   cron_share=args.cron_share, batch_size=args.batch_size,
                   idle_ticks=args.idle_ticks, idle_sleep_s=args.idle_sleep_ms / 1000,
-                  second_lead_ms=args.second_lead_ms)
+                  second_lead_ms=args.second_lead_ms, tracing=args.tracing)
         log("baseline: bare send_task")
         base = run_child(bare_send_task, cfg, args.baseline_messages, False)
         based = run_child(bare_send_task, cfg, args.baseline_messages, True)
@@ -1053,7 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
     table = render(results, base, based, cfg)
     print(table)
     print(f"\n(total {time.monotonic() - started:.0f}s; python {sys.version.split()[0]}, "
-          f"{psutil.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.2f})")
+          f"{psutil.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.2f}; "
+          f"tracing {'on' if args.tracing else 'off'})")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"sizes": [asdict(r) for r in results], "baseline": base,

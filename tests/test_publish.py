@@ -246,16 +246,23 @@ def names() -> Names:
     return Names()
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_batched_messages_equal_send_task_messages(
-        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Headers, properties and body of each batched message match send_task's."""
+def scenario_app(broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Celery:
+    """An app on ``broker`` configured as ``scenario`` says, its clock stopped at ``NOW``."""
     app = Celery("pub", broker=broker.url, set_as_current=False)
     if isinstance(broker, AmqpBroker):
         broker.apps.append(app)
     configure(app, names, SCENARIOS[scenario])
     monkeypatch.setattr(app, "now", lambda: NOW)
+    return app
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_batched_messages_equal_send_task_messages(
+        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headers, properties and body of each batched message match send_task's."""
+    app = scenario_app(broker, names, scenario, monkeypatch)
     jobs = rows(names)
     queues = names.queues
     reference = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
@@ -357,3 +364,43 @@ def test_publish_signal_receivers_see_every_message(redis_url: str, rclient: red
     headers = [json.loads(raw)["headers"] for raw in rclient.lrange("signalled", 0, -1)]
     assert sorted(h["traceparent"] for h in headers) == sorted(
         f"00-{c.task_id.replace('-', '')}-01" for c in jobs)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_more_headers_reach_each_message_and_change_nothing_else(
+        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing's ``traceparent`` is each message's own header, on both paths; the rest of
+    the message is the one published without it."""
+    app = scenario_app(broker, names, scenario, monkeypatch)
+    jobs = rows(names)
+    queues = names.queues
+    claimed = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
+    more = [{"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"} for i in range(len(jobs))]
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, claimed)
+        plain = broker.drain(queues, len(jobs))
+        with app.producer_or_acquire() as producer:
+            for one, extra in zip(claimed, more, strict=True):
+                _send(app, producer, one, extra)
+        expected = broker.drain(queues, len(jobs))
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, claimed, more)
+        got = broker.drain(queues, len(jobs))
+    finally:
+        app.close()
+    assert len(plain) == len(jobs)
+    assert got == expected
+    for one, extra in zip(claimed, more, strict=True):
+        message = dict(got[one.task_id])
+        # The raw envelope holds the header too; ``got == expected`` compared it.
+        message.pop("raw", None)
+        headers = dict(message.pop("headers"))
+        assert headers.pop("traceparent") == extra["traceparent"]
+        properties = dict(message.pop("properties"))
+        if "application_headers" in properties:  # AMQP: the headers again
+            properties["application_headers"] = dict(properties["application_headers"])
+            assert properties["application_headers"].pop("traceparent") == extra["traceparent"]
+        without = {k: v for k, v in plain[one.task_id].items() if k != "raw"}
+        assert {**message, "headers": headers, "properties": properties} == without

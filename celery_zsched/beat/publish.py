@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -52,7 +52,8 @@ def routing_options(claimed: Claimed) -> dict[str, Any]:
     return options
 
 
-def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
+def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed],
+                  more_headers: Sequence[Mapping[str, str]] | None = None) -> None:
     """Send every job through one producer.
 
     Messages are the ones ``app.send_task`` would send, built by
@@ -60,16 +61,18 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
     Redis transport the batch's messages are pushed in one round trip, most of
     them built from a per-route template (:mod:`celery_zsched.beat.envelope`);
     elsewhere, inside ``Producer.batch()`` where the transport buffers, or one
-    publish each.
+    publish each. ``more_headers`` (tracing's ``traceparent``), in the order of
+    ``jobs``, are added to each message's own.
     """
     if not jobs:
         return
     channel = redis_channel(producer) if _no_publish_receivers() else None
     if channel is not None and (sender := _BatchSender.make(app, producer, True)) is not None:
         push = RedisPush(channel)
+        extras = more_headers if more_headers is not None else [None] * len(jobs)
         with producer.connection._reraise_as_library_errors():
-            for claimed in jobs:
-                sender.send(claimed, push)
+            for claimed, more in zip(jobs, extras, strict=True):
+                sender.send(claimed, push, more)
             push.push()
         return
     batch = producer.batch(max_size=max(1, len(jobs))) if hasattr(producer, "batch") else None
@@ -78,13 +81,18 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
         if batch is not None:
             stack.enter_context(batch)
         if sender is None:
-            for claimed in jobs:
-                _send(app, producer, claimed)
+            extras = more_headers if more_headers is not None else [None] * len(jobs)
+            for claimed, more in zip(jobs, extras, strict=True):
+                _send(app, producer, claimed, more)
             return
         # send_task wraps each publish in this; the batch's flush stays outside it.
         stack.enter_context(producer.connection._reraise_as_library_errors())
-        for claimed in jobs:
-            sender.send(claimed)
+        if more_headers is None:
+            for claimed in jobs:
+                sender.send(claimed)
+        else:
+            for claimed, more in zip(jobs, more_headers, strict=True):
+                sender.send(claimed, None, more)
 
 
 def _no_publish_receivers() -> bool:
@@ -93,12 +101,21 @@ def _no_publish_receivers() -> bool:
         signals.before_task_publish, signals.after_task_publish, signals.task_sent))
 
 
-def _send(app: Any, producer: Any, claimed: Claimed) -> None:
+def headers_of(claimed: Claimed, more: Mapping[str, str] | None) -> dict[str, Any]:
+    """The message's headers: the occurrence's, and ``more`` (tracing's) if any."""
+    headers = claimed.headers()
+    if more:
+        headers.update(more)
+    return headers
+
+
+def _send(app: Any, producer: Any, claimed: Claimed,
+          more: Mapping[str, str] | None = None) -> None:
     """The reference path: one ``app.send_task`` per job."""
     args, kwargs = message_args(claimed)
     app.send_task(
         claimed.job.task, args=args, kwargs=kwargs, task_id=claimed.task_id,
-        headers=claimed.headers(), producer=producer, **routing_options(claimed),
+        headers=headers_of(claimed, more), producer=producer, **routing_options(claimed),
     )
 
 
@@ -225,9 +242,10 @@ class _BatchSender:
             return None
         return cls(app, producer, buffered)
 
-    def send(self, claimed: Claimed, push: RedisPush | None = None) -> None:
-        """Publish ``claimed``; with ``push``, queue it there (built from a template when
-        its route has one)."""
+    def send(self, claimed: Claimed, push: RedisPush | None = None,
+             more: Mapping[str, str] | None = None) -> None:
+        """Publish ``claimed`` with ``more`` headers; with ``push``, queue it there (built
+        from a template when its route has one)."""
         job = claimed.job
         args, kwargs = message_args(claimed)
         name = job.task
@@ -239,9 +257,9 @@ class _BatchSender:
             route = self._route(name, options, args, kwargs)
             if route is None:  # an expiry send_task must convert itself
                 if push is None:
-                    _send(self.app, self.producer, claimed)
+                    _send(self.app, self.producer, claimed, more)
                 else:
-                    push.capture(lambda: _send(self.app, self.producer, claimed))
+                    push.capture(lambda: _send(self.app, self.producer, claimed, more))
                 return
             if self.cacheable:  # routes that ignore the arguments
                 self.routes[key] = route
@@ -250,7 +268,7 @@ class _BatchSender:
         message = Message(task_id, args, kwargs,
                           fast_repr(args or (), self.args_maxlen, self.maxlevels),
                           fast_repr(kwargs or {}, self.kwargs_maxlen, self.maxlevels),
-                          claimed.headers())
+                          headers_of(claimed, more))
         if push is None:
             self._publish(route, name, message)
             return

@@ -24,7 +24,7 @@ from celery_zsched.core.errors import BrokerUnavailable, StoreUnavailable
 from celery_zsched.core.job import Defaults
 from celery_zsched.core.results import merge_batches
 from celery_zsched.core.telemetry import log_event
-from celery_zsched.services import extensions, signals
+from celery_zsched.services import extensions, signals, tracing
 from celery_zsched.services.appstore import app_timezone
 from celery_zsched.services.beat_entries import job_from_entry
 from celery_zsched.services.extensions import BeatObserver
@@ -146,7 +146,7 @@ class ZSchedScheduler(Scheduler):
         unstarted), it polls every ``max_interval``: they wait in the schedule.
         """
         started = time.perf_counter()
-        claimed = published = paced = 0
+        claimed = published = paced = queue_held = 0
         try:
             self._announce()
             if not self._static_synced and not self.sync_static():
@@ -172,6 +172,7 @@ class ZSchedScheduler(Scheduler):
                 claimed += len(batch.jobs)
                 published += count
                 paced += batch.held
+                queue_held += batch.queue_held
                 if following is None:
                     break
                 batches = following.result()
@@ -181,7 +182,7 @@ class ZSchedScheduler(Scheduler):
         self._failures = 0
         level = logging.INFO if claimed or paced or reaped else logging.DEBUG
         log_event("poll_stats", level, promoted=published, claimed=claimed,
-                  paced=paced, reaped=reaped, partitions=parts,
+                  paced=paced, queue_held=queue_held, reaped=reaped, partitions=parts,
                   tick_ms=round((time.perf_counter() - started) * 1000, 3))
         if self.visits.any_full:
             return 0.0
@@ -279,21 +280,39 @@ class ZSchedScheduler(Scheduler):
                 skipped += 1
             else:
                 to_send.append(claimed)
+        spans = self._spans(to_send)
         try:
-            publish_batch(self.app, self.producer, to_send)
+            publish_batch(self.app, self.producer, to_send,
+                          None if spans is None else spans.headers)
         except Exception as exc:
+            if spans is not None:
+                spans.end(exc)
             # The broker refused: give the jobs back now rather than waiting
             # out their leases. If Redis is down too, the leases still expire.
             logger.error("zsched: publishing %d jobs failed: %s", len(to_send), exc)
             self.store.release(to_send)
             self.__dict__.pop("producer", None)
             raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
+        if spans is not None:
+            spans.end()
         # Confirms the publish (the occurrences leave the short publish deadline
         # for the delivery deadline), and tells the reaper which queue's workers
         # to ask about before it presumes a message lost. If this fails, the
         # publish deadline brings them back and the start drops the second copy.
         self.store.routed([(c, self._queue_of(c) or "") for c in to_send])
         return len(to_send)
+
+    @staticmethod
+    def _spans(jobs: Sequence[Claimed]) -> tracing.PublishSpans | None:
+        """The publish spans of ``jobs`` (``zsched_tracing``), or ``None``."""
+        tracer = tracing.active()
+        if tracer is None:
+            return None
+        try:
+            return tracer.publishing(jobs)
+        except Exception:  # tracing must never stop a publish
+            logger.exception("zsched: tracing %d messages failed", len(jobs))
+            return None
 
     def _queue_of(self, claimed: Claimed) -> str | None:
         """The queue ``claimed`` was published to, as Celery's router resolves it."""

@@ -47,6 +47,9 @@ class Claimed:
     #: lease token carries it (fencing). 0 for beat's claims: a worker's start
     #: numbers the execution instead.
     fence: int = 0
+    #: Where it was claimed, as ``"index@layout"`` (``""``: placed by id, which needs
+    #: no hint): the worker finds the job's partition without the directory.
+    partition: str = ""
 
     @property
     def task_id(self) -> str:
@@ -65,6 +68,8 @@ class Claimed:
             # that was made (1..publishes), so a forged or stray message never runs.
             "zsched_delivery": self.deliveries,
         }
+        if self.partition:
+            headers["zsched_partition"] = self.partition
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
@@ -84,11 +89,13 @@ class ClaimBatch:
     room: int = 1
     #: Due jobs pacing held back (moved to their domain's next free slot).
     held: int = 0
+    #: Due jobs held back because their queue was at its bound (backpressure per queue).
+    queue_held: int = 0
 
     @property
     def taken(self) -> int:
         """Due jobs this claim dealt with: claimed or held back."""
-        return len(self.jobs) + self.held
+        return len(self.jobs) + self.held + self.queue_held
 
 
 def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
@@ -99,7 +106,8 @@ def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
     leases = [b.next_lease_ms for b in parts if b.next_lease_ms is not None]
     return ClaimBatch(max((b.now_ms for b in parts), default=0), min(dues, default=None),
                       min(leases, default=None), [j for b in parts for j in b.jobs],
-                      sum(b.room for b in parts), sum(b.held for b in parts))
+                      sum(b.room for b in parts), sum(b.held for b in parts),
+                      sum(b.queue_held for b in parts))
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,12 @@ class ImportReport:
     #: Versioned rows not written because Redis holds a newer version of the job
     #: (or of its delete): see ``versions`` of :meth:`Store.upsert_many`.
     stale: int = 0
+    #: Rows not written because their new domain moves the job to another partition
+    #: while an occurrence of it is in flight (pacing on several partitions):
+    #: store them again once it has settled.
+    deferred: int = 0
+    #: The ids of those rows.
+    deferred_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
