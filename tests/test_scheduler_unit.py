@@ -303,14 +303,14 @@ def test_a_tick_claims_again_while_batches_come_back_full(
 ) -> None:
     """A full batch means more may be due: the tick claims the next one at once (while
     it publishes the batch before), until a batch is not full."""
-    # One queue may hold the whole cap here (by default a fifth: 6 of these 8).
-    scheduler = start(app=make_app(zsched_batch_size=3, zsched_queue_max_queued=30))
-    store.upsert_many([_job(f"due-{i}") for i in range(8)], stagger=False)
+    scheduler = start(app=make_app(zsched_batch_size=3))
+    # Two full batches: as many as the queue's default bound (a fifth of 10 x 3) admits.
+    store.upsert_many([_job(f"due-{i}") for i in range(6)], stagger=False)
     assert scheduler.tick() > 0
     ids = [m["headers"]["zsched_job_id"] for m in _messages(rclient)]
-    assert sorted(ids) == [f"due-{i}" for i in range(8)]
+    assert sorted(ids) == [f"due-{i}" for i in range(6)]
     assert store.client.zcard(store.keys.schedule) == 0
-    assert all(store.get(f"due-{i}").state.publishes == 1 for i in range(8))
+    assert all(store.get(f"due-{i}").state.publishes == 1 for i in range(6))
 
 
 def test_tick_returns_zero_when_its_last_batch_was_full(

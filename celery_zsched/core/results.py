@@ -21,7 +21,7 @@ def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
     beat names every message it publishes, and ``UUID`` objects cost more than the hash.
     """
     digest = hashlib.sha1(_NAMESPACE + f"{job_id}:{occurrence}:{attempt}".encode()).digest()
-    value = int.from_bytes(digest[:16]) & _VERSION_MASK | _VERSION_5
+    value = int.from_bytes(digest[:16], "big") & _VERSION_MASK | _VERSION_5
     text = f"{value:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
