@@ -205,19 +205,27 @@ def show(ctx: click.Context, job_id: str) -> None:
 @click.pass_context
 @handles_errors
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Job counts by state, jobs due soon, lifetime counters, and domains in trouble."""
+    """Job counts by state, jobs due soon, lifetime counters, backpressure per queue, and
+    domains in trouble."""
     store = store_of(ctx)
     counts = store.stats()
+    queues = store.queue_backpressure()
     # Which domains are slow or cut off, by name: the counts alone do not say
     # where to look (only with pacing on: off, no domain is paced).
     alerts = store.domain_alerts() if store.settings.pacing else {}
     if as_json:
-        echo(ctx, json.dumps({**counts, **({"domain_alerts": alerts} if alerts else {})},
+        echo(ctx, json.dumps({**counts, "queues": queues,
+                              **({"domain_alerts": alerts} if alerts else {})},
                               indent=2, sort_keys=True))
         return
     width = max(map(len, counts))
     for key, value in counts.items():
         echo(ctx, f"{key.ljust(width)}  {value}")
+    bound = store.settings.queue_bound
+    for queue, row in queues.items():
+        # Which queue is full, by name: a worker pool that is down shows here.
+        echo(ctx, f"queue {queue or '(none)'}: {row['in_flight']}/{bound} in flight, "
+                  f"{row['held_back']} held back")
     for label, names in (("throttled domains", alerts.get("throttled", [])),
                          ("breakers open", alerts.get("breakers_open", []))):
         if names:

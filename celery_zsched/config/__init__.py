@@ -167,9 +167,3 @@ class Settings(TracingSettings, NotifySettings, ServerSettings, MetricsSettings,
         self._check_notify()
         self._check_server()
         self.check_connection()
-        if self.pacing and self.partitions > 1:
-            # A domain's gate must share a slot with every job of the domain, and
-            # jobs are placed by id: exact pacing needs one partition for now.
-            raise ConfigurationError(
-                f"{SETTING_PREFIX}pacing needs {SETTING_PREFIX}partitions = 1, "
-                f"got {self.partitions}")

@@ -77,6 +77,9 @@ class RuntimeState:
     task: str | None = field(default=None, metadata=_wire(
         "tk", "the task name the queued message was published under (start refuses "
               "another)"))
+    queue_bucket: str | None = field(default=None, metadata=_wire(
+        "bq", "the queue whose backpressure count a claim put this occurrence in (the "
+              "job's queue field; \"\": none); it leaves that count when it leaves queued"))
     version: int | None = field(default=None, metadata=_wire(
         "v", "version of the last versioned write (the Django outbox): an older one is "
              "refused (absent: never written with one)"))

@@ -64,6 +64,8 @@ COUNTERS = (
     ("duplicates", "zsched_duplicate_deliveries", "Duplicate deliveries a worker dropped."),
     ("deferred", "zsched_deferred_starts", "Starts a worker deferred (domain pacing)."),
     ("held", "zsched_domain_holds", "Due jobs a claim held back for their domain's pacing."),
+    ("queue_held", "zsched_queue_holds",
+     "Due jobs a claim held back because their queue was at its backpressure bound."),
     ("orphaned", "zsched_orphaned_messages",
      "Messages a worker received, then died holding unstarted: republished one lease later."),
     ("unpublished", "zsched_unpublished_claims",
@@ -146,8 +148,13 @@ class StoreCollector(Collector):
         totals = dict.fromkeys((*names, "expired", "http_due"), 0)
         oldest: int | None = None
         counters: dict[str, int] = {}
+        queues: dict[str, list[int]] = {}
         for part, reply in enumerate(replies):
-            *counts, first, expired, hash_, events, http_waiting, http_due = reply
+            (*counts, first, expired, hash_, events, http_waiting, http_due, flights,
+             held) = reply
+            for column, per_queue in enumerate((flights, held)):
+                for queue, n in (per_queue or {}).items():
+                    queues.setdefault(str(queue), [0, 0])[column] += max(0, int(n))
             for name, value in zip(names, counts, strict=True):
                 totals[name] += int(value)
             # HTTP jobs are jobs like any: scheduled counts them; their own
@@ -163,6 +170,7 @@ class StoreCollector(Collector):
         yield from self._job_families(totals, now - oldest if oldest is not None else 0)
         yield from self._outbox_families(outbox)
         yield from self._counter_families(counters)
+        yield from self._queue_families(queues)
         yield self.start_lag.family(
             "zsched_start_lag_seconds",
             "Task start minus due time, from settle events read since the exporter started.")
@@ -192,6 +200,8 @@ class StoreCollector(Collector):
             pipe.xrange(keys.events, min=f"({cursor}", count=EVENTS_PER_SCRAPE)
         pipe.zcard(keys.http_schedule)
         pipe.zcount(keys.http_schedule, "-inf", now)
+        pipe.hgetall(keys.queue_in_flight)
+        pipe.hgetall(keys.queue_held)
 
     def _advance(self, part: int, events: Sequence[tuple[str, dict[str, str]]]) -> None:
         """Move partition ``part``'s cursor past ``events``, observing their start lag."""
@@ -229,6 +239,27 @@ class StoreCollector(Collector):
                                 value=totals["expired"])
         yield GaugeMetricFamily("zsched_dead_letters", "Dead letters waiting for an operator.",
                                 value=totals["dead"])
+
+    def _queue_families(self, queues: dict[str, list[int]]) -> Iterator[Metric]:
+        settings = self.store.settings
+        flight = GaugeMetricFamily(
+            "zsched_queue_in_flight",
+            "Occurrences of a queue published and not started (its backpressure count; "
+            'queue "": jobs that name none).', labels=["queue"])
+        held = GaugeMetricFamily(
+            "zsched_queue_held_back",
+            "Due jobs of a queue held back in the schedule because the queue was at its "
+            "bound.", labels=["queue"])
+        for queue, (n_flight, n_held) in sorted(queues.items()):
+            flight.add_metric([queue], n_flight)
+            held.add_metric([queue], n_held)
+        yield from (flight, held)
+        yield GaugeMetricFamily("zsched_queue_bound",
+                                "Most occurrences of one queue published and not started.",
+                                value=settings.queue_bound)
+        yield GaugeMetricFamily("zsched_queued_cap",
+                                "Most occurrences published and not started, all queues.",
+                                value=settings.queued_bound)
 
     @staticmethod
     def _outbox_families(report: OutboxReport) -> Iterator[Metric]:

@@ -400,15 +400,15 @@ class Deployment:
 
     def start_worker(self, name: str = "worker", pool: str = "solo",
                      concurrency: int = 1, env: dict[str, str] | None = None,
-                     args: Sequence[str] = ()) -> Proc:
-        """``celery worker`` consuming this deployment's queue (``env``: extra variables,
-        ``args``: more command-line options).
+                     args: Sequence[str] = (), queue: str | None = None) -> Proc:
+        """``celery worker`` consuming this deployment's queue, or ``queue`` (``env``:
+        extra variables, ``args``: more command-line options).
 
         Its tasks tell the target ``name`` (:attr:`Hit.worker`): give each
         worker process a name of its own.
         """
         return self._spawn(name, [
-            "worker", "-P", pool, "-c", str(concurrency), "-Q", self.queue,
+            "worker", "-P", pool, "-c", str(concurrency), "-Q", queue or self.queue,
             "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
             "--without-heartbeat", "--without-gossip", "--without-mingle", *args],
             {ENV_WORKER_ID: name, **(env or {})})

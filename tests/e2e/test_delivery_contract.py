@@ -315,7 +315,9 @@ def test_backlog_at_half_the_due_rate_stays_within_the_bound_and_runs_every_job_
         deploy: Callable[..., Deployment], target: TargetServer,
         request: pytest.FixtureRequest) -> None:
     begun = time.monotonic()
-    d = deploy(lease_s=LEASE_S, batch_size=10, max_queued=BACKLOG_BOUND)
+    # One queue: its bound is the total cap here, the bound this test proves.
+    d = deploy(lease_s=LEASE_S, batch_size=10, max_queued=BACKLOG_BOUND,
+               queue_max_queued=BACKLOG_BOUND)
     jobs = [d.job(url=target.url(f"/sleep/backlog/{i}?s={BACKLOG_TASK_S}"),
                   interval_s=BACKLOG_INTERVAL_S) for i in range(BACKLOG_JOBS)]
     assert d.store.upsert_many(jobs).created == BACKLOG_JOBS  # staggered over the interval

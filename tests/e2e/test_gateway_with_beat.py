@@ -34,7 +34,7 @@ def test_celery_jobs_and_http_jobs_each_reach_only_their_own_workers(
     d._spawn("gateway", ["zsched", "serve", "--port", str(port), "--log-level", "warning"])
     d.start_beat()
     d.start_worker(pool="threads", concurrency=2)
-    wait(lambda: answers(port), 60, "zsched serve to answer")
+    wait(lambda: answers(port), 120, "zsched serve to answer")
     node = subprocess.Popen(["node", str(WORKER_JS), f"http://127.0.0.1:{port}", WORKER],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:

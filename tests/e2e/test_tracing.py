@@ -107,7 +107,7 @@ def test_each_http_job_is_one_trace_from_the_gateway_to_its_worker_and_report(
     propagator = TraceContextTextMapPropagator()
     auth = {"Authorization": f"Bearer {WORKER}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=10) as client:
-        wait(lambda: answers(port), 60, "zsched serve to answer")
+        wait(lambda: answers(port), 120, "zsched serve to answer")
         bodies = []
         while len(bodies) < JOBS:
             answer = client.get("/jobs/next", params={"timeout": 5})

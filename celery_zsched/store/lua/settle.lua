@@ -17,6 +17,7 @@
 -- KEYS[10] domain_conf hash  domain -> operator overrides (cjson)
 -- KEYS[11] http_schedule zset id -> due ms of transport "http" jobs
 -- KEYS[12] http_wake    channel  wakes the job gateways
+-- KEYS[13] queue_in_flight  hash  queue -> its occurrences in queued
 -- ARGV[1]  job id
 -- ARGV[2]  occurrence being settled
 -- ARGV[3]  attempt being settled
@@ -117,7 +118,7 @@ if st.fd then
 end
 
 redis.call("ZREM", leases, id)
-redis.call("ZREM", queued, id)
+queued_rem(queued, KEYS[13], id, st)
 schedule_rem(id, schedule, http)
 
 if outcome == "complete" then
