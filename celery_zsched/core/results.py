@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.state import RuntimeState
 
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
@@ -271,6 +272,27 @@ class SettleResult:
     breaker_opened: str | None = None
     #: The definition the settle read (``None`` for a deleted job).
     job: Job | None = None
+
+
+@dataclass(frozen=True)
+class SettleReport:
+    """One outcome to settle: what :meth:`Store.settle` takes, as a value
+    (:meth:`Store.settle_many` takes many)."""
+
+    job_id: str
+    occurrence: int
+    attempt: int
+    #: ``complete`` | ``error`` | ``skip``.
+    outcome: str
+    error: str = ""
+    retry_after_s: float | None = None
+    #: The run's timings, recorded with the settle event.
+    event: dict[str, Any] | None = None
+    http_status: int | None = None
+    fence: int | None = None
+    delivery: int | None = None
+    #: What the fetch saw of the page (change-aware recrawl), if it said.
+    visit: Visit | None = None
 
 
 @dataclass(frozen=True)

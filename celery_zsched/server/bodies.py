@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,6 +72,26 @@ class ErrorReport(CompleteReport):
         None, ge=0, le=86400 * 7,
         description="Seconds the target asked to wait (its Retry-After): the retry waits "
                     "this long, and with pacing on its domain does too.")
+
+
+#: Most jobs one poll takes (``?max=``), and most reports one batch report carries.
+MAX_BATCH = 100
+
+
+class ReportItem(ErrorReport):
+    """One report of a batch: a job id, its outcome, and that outcome's report fields
+    (``error``, ``status`` and ``retry_after`` only with ``error``)."""
+
+    id: str = Field(min_length=1, max_length=200, description="The job's id.")
+    outcome: Literal["complete", "error"]
+    error: str = Field("", max_length=2000, description="What went wrong (outcome error: "
+                                                        "required).")
+
+
+class BatchReport(_Strict):
+    """``POST /jobs/report``: the reports, each as a single report would send it."""
+
+    reports: list[ReportItem] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
