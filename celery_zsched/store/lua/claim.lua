@@ -132,9 +132,11 @@ local counted = false
 local function load_counts()
   if per_queue and not counted then in_flight, counted = hash_map(counts), true end
 end
-if per_queue then
+-- An idle claim asks only how many queues have held-back jobs (usually none): the
+-- counts are read when there is something to decide.
+if per_queue and redis.call("HLEN", held_key) > 0 then
   hints = hash_map(held_key)
-  if next(hints) then load_counts() end
+  load_counts()
 end
 if limit > 0 then
   local ids, scores, found_defs = {}, {}, {}
