@@ -52,6 +52,8 @@ SOURCES = {
          "`zsched serve`: the job gateway and the REST API (`ServerSettings`)"),
         ("celery_zsched.config.notify", "NotifySettings",
          "The notifiers (`NotifySettings`)"),
+        ("celery_zsched.config.tracing", "TracingSettings",
+         "OpenTelemetry tracing (`TracingSettings`)"),
         ("celery_zsched.contrib.django.conf", "DjangoSettings",
          "Django app only (`celery_zsched.contrib.django.conf.DjangoSettings`; beat accepts "
          "and ignores them)"),

@@ -221,11 +221,15 @@ def test_beat_on_a_partitioned_store_publishes_each_due_job_once(
                     zsched_batch_size=64, zsched_queue_max_queued=640,
                     task_default_queue="partq")
     scheduler = ZSchedScheduler(app=app)
+    waits: list[float] = []
     try:
-        waits = [scheduler.tick() for _ in range(40)]
+        while len(waits) < 40 and (not waits or waits[-1] == 0.0):
+            waits.append(scheduler.tick())
     finally:
         scheduler.close()
-    assert 0.0 in waits  # full batches: no sleep while more is due
+    # Full batches: no sleep while more is due (a tick claims on while its batches come
+    # back full, and returns 0 if its time ran out first), then a sleep.
+    assert waits[-1] > 0 and set(waits[:-1]) <= {0.0}
     messages = [json.loads(raw) for raw in rclient.lrange("partq", 0, -1)]
     task_ids = [m["headers"]["id"] for m in messages]
     assert len(task_ids) == 500 and len(set(task_ids)) == 500
@@ -250,7 +254,9 @@ def test_beat_sleeps_until_the_earliest_due_job_of_any_partition(
     scheduler = ZSchedScheduler(app=app)
     try:
         wait = scheduler.tick()
-        assert 0.25 < wait <= 0.4
+        # At most the soonest job's 400 ms, not the 1 s cap nor a minute; how much
+        # less depends on how long this host took to get here (not asserted).
+        assert 0.0 <= wait <= 0.4
         time.sleep(wait + 0.05)
         assert scheduler.tick() == 1.0  # the soonest was claimed; the rest are a minute out
         assert store.get(soonest).status == "queued"

@@ -9,7 +9,8 @@ only one section takes only that one:
 * :class:`~celery_zsched.config.pacing.PacingSettings`: per-domain pacing;
 * :class:`~celery_zsched.config.metrics.MetricsSettings`: beat's metrics server;
 * :class:`~celery_zsched.config.server.ServerSettings`: ``zsched serve``;
-* :class:`~celery_zsched.config.notify.NotifySettings`: the notifiers.
+* :class:`~celery_zsched.config.notify.NotifySettings`: the notifiers;
+* :class:`~celery_zsched.config.tracing.TracingSettings`: OpenTelemetry tracing.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from celery_zsched.config.pacing import PacingSettings
 from celery_zsched.config.redis import DEFAULT_PREFIX, DEFAULT_REDIS_URL, RedisSettings
 from celery_zsched.config.schedule import ScheduleSettings
 from celery_zsched.config.server import SCOPES, ServerSettings, api_token_scopes
+from celery_zsched.config.tracing import TracingSettings
 from celery_zsched.core.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_PREFIX", "DEFAULT_REDIS_URL", "ENV_PREFIX", "INTEGRATION_SETTINGS", "SCOPES",
     "SETTING_PREFIX", "MetricsSettings", "NotifySettings", "PacingSettings", "RedisSettings",
-    "ScheduleSettings", "ServerSettings", "Settings", "api_token_scopes", "redact_url",
+    "ScheduleSettings", "ServerSettings", "Settings", "TracingSettings", "api_token_scopes",
+    "redact_url",
 ]
 
 #: ``broker_use_ssl`` keys (kombu's Redis transport) that fill our TLS settings.
@@ -50,7 +53,7 @@ _BROKER_SSL_SETTINGS = frozenset({"redis_ssl_ca_certs", "redis_ssl_certfile",
 # Bases are listed last-section-first: a dataclass takes its fields from the
 # bases in reverse, so the fields (and the generated reference) start with Redis.
 @dataclass(frozen=True)
-class Settings(NotifySettings, ServerSettings, MetricsSettings, PacingSettings,
+class Settings(TracingSettings, NotifySettings, ServerSettings, MetricsSettings, PacingSettings,
                ScheduleSettings, RedisSettings):
     """Every knob of celery-zsched, with its default.
 
@@ -164,9 +167,3 @@ class Settings(NotifySettings, ServerSettings, MetricsSettings, PacingSettings,
         self._check_notify()
         self._check_server()
         self.check_connection()
-        if self.pacing and self.partitions > 1:
-            # A domain's gate must share a slot with every job of the domain, and
-            # jobs are placed by id: exact pacing needs one partition for now.
-            raise ConfigurationError(
-                f"{SETTING_PREFIX}pacing needs {SETTING_PREFIX}partitions = 1, "
-                f"got {self.partitions}")

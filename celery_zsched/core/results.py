@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,8 +15,21 @@ from celery_zsched.core.state import RuntimeState
 TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
 
 def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
-    """The Celery task id of one attempt of one occurrence; a redelivery reuses it."""
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}"))
+    """The Celery task id of one attempt of one occurrence; a redelivery reuses it.
+
+    ``str(uuid.uuid5(TASK_ID_NAMESPACE, "job:occurrence:attempt"))``, written out:
+    beat names every message it publishes, and ``UUID`` objects cost more than the hash.
+    """
+    digest = hashlib.sha1(_NAMESPACE + f"{job_id}:{occurrence}:{attempt}".encode()).digest()
+    value = int.from_bytes(digest[:16]) & _VERSION_MASK | _VERSION_5
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+_NAMESPACE = TASK_ID_NAMESPACE.bytes
+#: The bits a version 5 UUID sets: its version (4 bits) and the RFC 4122 variant (2 bits).
+_VERSION_MASK = ~((0xF000 << 64) | (0xC000 << 48))
+_VERSION_5 = (5 << 76) | (0x8000 << 48)
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,9 @@ class Claimed:
     #: lease token carries it (fencing). 0 for beat's claims: a worker's start
     #: numbers the execution instead.
     fence: int = 0
+    #: Where it was claimed, as ``"index@layout"`` (``""``: placed by id, which needs
+    #: no hint): the worker finds the job's partition without the directory.
+    partition: str = ""
 
     @property
     def task_id(self) -> str:
@@ -51,6 +68,8 @@ class Claimed:
             # that was made (1..publishes), so a forged or stray message never runs.
             "zsched_delivery": self.deliveries,
         }
+        if self.partition:
+            headers["zsched_partition"] = self.partition
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
@@ -125,6 +144,12 @@ class ImportReport:
     #: Versioned rows not written because Redis holds a newer version of the job
     #: (or of its delete): see ``versions`` of :meth:`Store.upsert_many`.
     stale: int = 0
+    #: Rows not written because their new domain moves the job to another partition
+    #: while an occurrence of it is in flight (pacing on several partitions):
+    #: store them again once it has settled.
+    deferred: int = 0
+    #: The ids of those rows.
+    deferred_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

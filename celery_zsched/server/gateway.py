@@ -26,7 +26,7 @@ from celery_zsched.server.gateway_views import Extended, JobOffer, NotExtended, 
 from celery_zsched.server.jobs import JobId
 from celery_zsched.server.lease import Lease, LeaseSigner
 from celery_zsched.server.problems import Problem, bad_field
-from celery_zsched.services import signals
+from celery_zsched.services import signals, tracing
 from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")
@@ -63,6 +63,7 @@ class Gateway:
             deliveries=claimed.deliveries,
             lease=self.signer.token(lease), lease_s=self.lease_s,
             scheduled_at=claimed.due_ms, picked_up_at=claimed.promoted_ms,
+            traceparent=_traced(claimed),
         ).model_dump(mode="json")
 
     def lease_of(self, job_id: str, token: str) -> Lease:
@@ -75,6 +76,29 @@ class Gateway:
         if lease is None:
             raise bad_field("lease", "not a lease token this server handed out for this job")
         return lease
+
+
+def _traced(claimed: Claimed) -> str | None:
+    """The hand-out's span (``zsched_tracing``): its ``traceparent``, or ``None``."""
+    tracer = tracing.active()
+    if tracer is None:
+        return None
+    try:
+        return tracer.handed_out(claimed)
+    except Exception:  # tracing must never fail a hand-out
+        logger.exception("zsched gateway: tracing the hand-out of %s failed", claimed.job.id)
+        return None
+
+
+def _trace_report(request: Request, lease: Lease, outcome: str, result: SettleResult) -> None:
+    tracer = tracing.active()
+    if tracer is None:
+        return
+    try:
+        tracer.reported(lease.job_id, lease.occurrence, lease.attempt, lease.fence, outcome,
+                        result, request.headers)
+    except Exception:  # the settle is done: tracing must never fail the report
+        logger.exception("zsched gateway: tracing the report of %s failed", lease.job_id)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -194,6 +218,7 @@ async def _settle(request: Request, job_id: str, report: CompleteReport, outcome
               status=result.label, applied=result.applied, error=error or None,
               http_status=status, lateness_ms=timings["lateness_ms"],
               wait_ms=timings["wait_ms"], duration_ms=duration, next_run_at=result.next_due_ms)
+    _trace_report(request, lease, outcome, result)
     try:
         signals.after_settle(gateway.sender, lease.job_id, lease.occurrence, lease.attempt,
                              outcome, error, result, gateway.store.settings.notify_streak)

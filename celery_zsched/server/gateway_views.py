@@ -31,6 +31,10 @@ class JobOffer(BaseModel):
     scheduled_at: int | None = Field(description="When it fell due (epoch ms, Redis' clock).")
     picked_up_at: int | None = Field(description="When it was claimed (epoch ms, Redis' "
                                                   "clock).")
+    traceparent: str | None = Field(
+        default=None, description="With zsched_tracing: the W3C trace context of this "
+        "hand-out's span. Continue the trace from it, and send it (or your own span's) as "
+        "the report's traceparent header.")
 
 
 class Settled(BaseModel):

@@ -63,10 +63,12 @@ class Keys:
 
     @property
     def layout(self) -> str:
-        """String: the store's partition count, on the base prefix (absent: 1).
+        """String: the store's layout, on the base prefix (absent: 1): its partition
+        count, and ``/domain`` or ``/registrable`` when paced jobs live in their
+        domain's partition (``12/domain``).
 
-        ``repartition`` writes it; every process checks its own
-        ``zsched_partitions`` against it before it touches a job.
+        ``repartition`` writes it; every process checks the layout its own
+        settings ask for against it before it touches a job.
         """
         return self._k("layout")
 
@@ -236,6 +238,24 @@ class Keys:
         return self._k("outbox")
 
     @property
+    def directory(self) -> str:
+        """Hash: job id -> index of the partition that holds it, for a job placed
+        away from its id's own partition (a paced job lives in its domain's).
+
+        It lives in the id's own partition (``partition_of(id, P)``), so an id
+        alone finds its job in one lookup. It is written before the job and
+        removed after it: an entry whose partition holds no such job reads as
+        absent."""
+        return self._k("dir")
+
+    @property
+    def moving(self) -> str:
+        """Hash: job id -> its whole record (JSON) while an online move to another
+        partition (a paced job whose domain changed) is under way; the move
+        resumes from it after a crash."""
+        return self._k("moving")
+
+    @property
     def audit_cursor(self) -> str:
         """String: id of the last audit entry copied into the Django change history."""
         return self._k("audit_cursor")
@@ -248,5 +268,5 @@ class Keys:
             self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
             self.workers, self.domains, self.domain_conf, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
-            self.tombstones, self.tombstone_expiry, self.outbox,
+            self.tombstones, self.tombstone_expiry, self.outbox, self.directory, self.moving,
         ]

@@ -232,9 +232,12 @@ class Reads(StoreBase):
     @unavailable
     def domains(self) -> list[DomainInfo]:
         """Every domain with learned state or an override, sorted by name."""
-        keys = self.keys
-        state = dict(self.client.hscan_iter(keys.domains))
-        conf = dict(self.client.hscan_iter(keys.domain_conf))
+        # By domain, each domain's state is in its own partition: gather them all.
+        state: dict[Any, Any] = {}
+        conf: dict[Any, Any] = {}
+        for keys in self.parts if self.layout.by_domain else [self.keys]:
+            state.update(self.client.hscan_iter(keys.domains))
+            conf.update(self.client.hscan_iter(keys.domain_conf))
         now = self.now_ms()
         defaults = self.settings.pacing_defaults
         return [info_from(name, state.get(name), conf.get(name), defaults, now)
@@ -244,9 +247,10 @@ class Reads(StoreBase):
     def domain(self, name: str) -> DomainInfo:
         """One domain's pacing (the defaults for a domain never seen)."""
         name = normalise_domain(name)
+        keys = self.domain_keys(name)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.keys.domains, name)
-        pipe.hget(self.keys.domain_conf, name)
+        pipe.hget(keys.domains, name)
+        pipe.hget(keys.domain_conf, name)
         pipe.time()
         state, conf, now = pipe.execute()
         return info_from(name, state, conf, self.settings.pacing_defaults, time_ms(now))

@@ -230,6 +230,11 @@ CONTROL = ScriptSpec(
                 "audit", "http_schedule", "http_wake", "tombstones", "tombstone_expiry"),
     args=("operation", *AUDIT_ARGS, "tombstone_ms"), group=("id", "due_ms", "version"),
     reply=_control_reply)
+#: Moving whole jobs between partitions online (see relocate.lua).
+RELOCATE = ScriptSpec(
+    "relocate", ("defs", "state", "schedule", "http_schedule", "queued", "leases", "paused",
+                 "static", "dead", "moving", "http_wake"),
+    args=("operation",), group=("id", "to", "record"), reply=_names)
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 
@@ -247,5 +252,5 @@ OUTBOX_REPORT = ScriptSpec(
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
-                 RELEASE, CONTROL, DOMAIN, NOTIFY, OUTBOX_REPORT)
+                 RELEASE, CONTROL, RELOCATE, DOMAIN, NOTIFY, OUTBOX_REPORT)
 }

@@ -15,7 +15,9 @@ and so is one that was never promoted (a forged or stray message, one under
 another task name) or whose zsched headers are malformed: one log line each.
 While the task runs, this process's :class:`~celery_zsched.worker.heartbeat.Heartbeat`
 keeps its execution lease alive under the fence its start returned, which the
-settle presents too. The worker's main process holds every message it
+settle presents too. A completed task's settle is sent without waiting for its
+reply, which the process reads at its next start (:mod:`celery_zsched.store.lane`).
+The worker's main process holds every message it
 received and has not started yet, so if it dies they are republished one lease
 later, not after the broker's visibility timeout (:mod:`~celery_zsched.worker.holds`).
 
@@ -47,7 +49,7 @@ from celery_zsched.worker.headers import (
 )
 from celery_zsched.worker.heartbeat import heartbeat_for
 from celery_zsched.worker.holds import on_received, worker_name
-from celery_zsched.worker.settle import report, settle_occurrence
+from celery_zsched.worker.settle import collect_all, report, send_ahead, settle_occurrence
 from celery_zsched.worker.start import install_start, start_occurrence
 
 __all__ = ["MalformedHeaders", "Occurrence", "install", "install_start", "occurrence_of",
@@ -67,6 +69,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     inherit them."""
     app = _app_of(sender)
     install_start(app)
+    send_ahead()
     extensions.start(app, "worker")
 
 
@@ -89,6 +92,7 @@ def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     """A clean shutdown: stop announcing the worker (running leases are still kept),
     and stop the extensions (the notifiers deliver what is queued, a bounded wait)."""
     app = _app_of(sender)
+    collect_all()  # a solo, threads or green pool ran its tasks in this process
     heartbeat_for(app, store_for_app(app)).retire()
     extensions.stop("worker")
 

@@ -18,7 +18,7 @@ from celery_zsched.store import StartResult
 from celery_zsched.worker.headers import MalformedHeaders, Occurrence, from_request
 from celery_zsched.worker.heartbeat import heartbeat_for
 from celery_zsched.worker.holds import holding_request
-from celery_zsched.worker.settle import settle_occurrence, with_retries
+from celery_zsched.worker.settle import collect_sent, settle_occurrence, with_retries
 
 logger = logging.getLogger("celery_zsched")
 
@@ -95,10 +95,14 @@ def start_occurrence(task: Any) -> None:
 def _start_paced(app: Any, occ: Occurrence, task: str) -> StartResult:
     """The start compare-and-set; while the domain's start gate opens within a
     short wait (``wait``), sleep until then and try again."""
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     while True:
         result: StartResult = with_retries("start", occ, lambda: store_for_app(app).start(
             occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms, delivery=occ.delivery,
             task=task), START_RETRY_S)
+        # This process's settles sent ahead went out before this start, so their
+        # replies are all but certainly back too: read them now, at no wait.
+        collect_sent(app)
         if result.status != "wait":
             return result
         time.sleep((result.until_ms or 1) / 1000)

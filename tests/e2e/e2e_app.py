@@ -29,6 +29,7 @@ from tests.e2e.names import (
     ENV_BROKER_URL,
     ENV_HTTP_TIMEOUT_S,
     ENV_QUEUE,
+    ENV_SPANS_FILE,
     ENV_START_DELAY_S,
     ENV_WORKER_ID,
     OTHER_TASK,
@@ -54,6 +55,13 @@ app.conf.update(
     beat_schedule=json.loads(os.environ.get(ENV_BEAT_SCHEDULE) or "{}"),
     zsched_default_task=SCRAPE_TASK,
 )
+if os.environ.get(ENV_SPANS_FILE):
+    # zsched_tracing (ZSCHED_TRACING) finds this provider: beat's, the worker's
+    # pool processes' (inherited through the fork) and the server's spans.
+    from tests.spans import export_to
+
+    export_to(os.environ[ENV_SPANS_FILE])
+
 if os.environ.get(ENV_BEAT_DIE_AFTER_S):
     from celery_zsched.beat.scheduler import ZSchedScheduler
 

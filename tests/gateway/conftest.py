@@ -166,7 +166,8 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
             return False
         return True
 
-    wait(answers, 20, "zsched serve to answer", interval=0.1)
+    # Start-up only: a loaded machine can take long to import; an exit fails at once.
+    wait(answers, 120, "zsched serve to answer", interval=0.1)
     return proc
 
 
