@@ -234,7 +234,7 @@ def _reap_deleted(store: Store, c: Claimed) -> None:
 
 
 def _reap_orphaned(store: Store, c: Claimed) -> None:
-    assert store.hold((c.job.id, c.occurrence, c.attempt, 1, c.job.task), "w1")
+    assert store.hold([(c.job.id, c.occurrence, c.attempt, 1, c.job.task)], "w1") == []
     store.client.zadd(store.keys.queued, {c.job.id: store.now_ms() - 1}, xx=True)
     assert store.reap().orphaned == 1
 

@@ -303,7 +303,8 @@ def test_a_tick_claims_again_while_batches_come_back_full(
 ) -> None:
     """A full batch means more may be due: the tick claims the next one at once (while
     it publishes the batch before), until a batch is not full."""
-    scheduler = start(app=make_app(zsched_batch_size=3))
+    # One queue: its bound is the whole cap (30), so no job waits for its queue.
+    scheduler = start(app=make_app(zsched_batch_size=3, zsched_queue_max_queued=30))
     store.upsert_many([_job(f"due-{i}") for i in range(8)], stagger=False)
     assert scheduler.tick() > 0
     ids = [m["headers"]["zsched_job_id"] for m in _messages(rclient)]
