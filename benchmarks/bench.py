@@ -56,8 +56,6 @@ BAR_IDLE_TICK_MS = 0.5
 BAR_IMPORT_1M_S = 30.0
 #: Jobs due within one second: all published by the second's end + this (issue 23).
 BAR_SECOND_LAST_MS = 500
-#: How far ahead of its one second the "second" phase stores its jobs.
-SECOND_LEAD_MS = 3000
 #: "Memory does not grow with N": the RSS a beat gains over a whole run (load,
 #: idle ticks, storm) stays under this at every N, and the largest N gains at
 #: most BAR_RSS_SLACK_MIB more than the smallest.
@@ -79,6 +77,8 @@ class Cfg:
     batch_size: int
     idle_ticks: int
     idle_sleep_s: float = 0.001
+    #: How far ahead of its one second the "second" phase stores its jobs.
+    second_lead_ms: int = 3000
     #: zsched_tracing on, spans to an SDK tracer provider (batched, then dropped).
     tracing: bool = False
 
@@ -859,7 +859,7 @@ def bench_size(n: int, cfg: Cfg, store: RedisServer, broker: RedisServer,
             log(f"N={n:,}: due within one second")
             reset(store, broker)
             beat.call("drain")  # learns that the store is empty
-            loaded = run_child(import_second, cfg, n, SECOND_LEAD_MS)
+            loaded = run_child(import_second, cfg, n, cfg.second_lead_ms)
             res.second = {**loaded, **beat.call("second", n, loaded["t0_ms"])}
             res.second["llen"] = int(broker.client().llen(QUEUE))
             log(f"N={n:,}: last published at T0 + 1 s + {res.second['last_after_t1_ms']} ms")
@@ -1036,6 +1036,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phases", default=",".join(PHASES),
                         help="which phases to run, of " + ",".join(PHASES)
                              + " (idle needs import). For 1M jobs, try --phases import,idle")
+    parser.add_argument("--second-lead-ms", type=int, default=3000,
+                        help="how far ahead the 'second' phase's second starts; its import "
+                             "must end before (default 3000)")
     parser.add_argument("--tracing", action="store_true",
                         help="beat with zsched_tracing on (spans batched by the SDK, dropped)")
     parser.add_argument("--json", help="also write raw results to this file")
@@ -1065,7 +1068,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Cfg(store_url=store.url(), broker_url=broker.url(), interval_s=args.interval_s,
                   cron_share=args.cron_share, batch_size=args.batch_size,
                   idle_ticks=args.idle_ticks, idle_sleep_s=args.idle_sleep_ms / 1000,
-                  tracing=args.tracing)
+                  second_lead_ms=args.second_lead_ms, tracing=args.tracing)
         log("baseline: bare send_task")
         base = run_child(bare_send_task, cfg, args.baseline_messages, False)
         based = run_child(bare_send_task, cfg, args.baseline_messages, True)

@@ -46,6 +46,8 @@ SOURCES = {
          "Batches, the delivery contract's deadlines, retries and caps (`ScheduleSettings`)"),
         ("celery_zsched.config.pacing", "PacingSettings",
          "Per-domain pacing (`PacingSettings`)"),
+        ("celery_zsched.config.robots", "RobotsSettings",
+         "robots.txt and the capacity planner (`RobotsSettings`)"),
         ("celery_zsched.config.metrics", "MetricsSettings",
          "Beat's metrics (`MetricsSettings`)"),
         ("celery_zsched.config.server", "ServerSettings",

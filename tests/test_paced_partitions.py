@@ -181,10 +181,13 @@ def test_an_interrupted_move_reads_as_absent_then_resumes_with_nothing_lost_or_d
     store.client.hset(store.parts[partition_of(job.id, P)].directory, job.id, str(dst))
     with pytest.raises(JobNotFound):
         store.get(job.id)
-    # The next write of any job finishes the move.
+    # The next write of any job puts it back where its stored definition belongs
+    # (the new one was never written: its writer died unanswered and writes again).
     store.upsert(_job("unrelated.example", 1))
-    assert _where(store, job.id) == [dst]
+    assert _where(store, job.id) == [src]
     assert store.get(job.id).next_run_ms == due
+    store.upsert(_job(dst_host, 1, id="crashy"))
+    assert _where(store, job.id) == [dst] and store.get(job.id).next_run_ms == due
     assert not any(store.client.hlen(k.moving) for k in store.parts)
     assert store.resume_moves() == 0
 

@@ -27,14 +27,12 @@ import redis
 from celery import Celery
 from celery.exceptions import CDeprecationWarning
 from celery.utils.saferepr import saferepr
-from hypothesis import given
-from hypothesis import strategies as st
 from kombu import Connection, Exchange, Queue
 
 from celery_zsched.beat import envelope
 from celery_zsched.beat.publish import _send, fast_repr, publish_batch
 from celery_zsched.core.job import Job
-from celery_zsched.store import TASK_ID_NAMESPACE, Claimed, task_id_for
+from celery_zsched.store import Claimed
 
 AMQP_URL = os.environ.get("ZSCHED_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
@@ -335,13 +333,6 @@ def test_fast_repr_equals_saferepr(value: Any) -> None:
         assert fast_repr(value, maxlen, maxlevels) == saferepr(value, maxlen, maxlevels=maxlevels)
 
 
-@given(job_id=st.text(max_size=40), occurrence=st.integers(-(2**63), 2**63),
-       attempt=st.integers(0, 10**6))
-def test_task_id_is_uuid5_of_the_occurrence(job_id: str, occurrence: int, attempt: int) -> None:
-    """task_id_for, written out for speed, names a message as uuid5 always has."""
-    expected = uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}")
-    assert task_id_for(job_id, occurrence, attempt) == str(expected)
-
 
 def test_templated_messages_get_distinct_uuid4_delivery_tags() -> None:
     """As kombu tags each message with str(uuid4()): well-formed, and none twice."""
@@ -351,6 +342,28 @@ def test_templated_messages_get_distinct_uuid4_delivery_tags() -> None:
     for tag in tags:
         parsed = uuid.UUID(tag)
         assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, tag)
+
+
+def test_publish_signal_receivers_see_every_message(redis_url: str, rclient: redis.Redis) -> None:
+    """A before_task_publish receiver (tracing injects its context so) runs for every
+    message and its changes are sent: templates are not used while one is connected."""
+    app = Celery("signals", broker=redis_url, set_as_current=False)
+    app.conf.task_default_queue = "signalled"
+    jobs = [_claimed({"url": f"http://127.0.0.1:1/{i}"}, 1_000 + i) for i in range(5)]
+
+    def stamp(headers: dict[str, Any], **_: Any) -> None:
+        headers["traceparent"] = f"00-{headers['id'].replace('-', '')}-01"
+
+    celery.signals.before_task_publish.connect(stamp)
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, jobs)
+    finally:
+        celery.signals.before_task_publish.disconnect(stamp)
+        app.close()
+    headers = [json.loads(raw)["headers"] for raw in rclient.lrange("signalled", 0, -1)]
+    assert sorted(h["traceparent"] for h in headers) == sorted(
+        f"00-{c.task_id.replace('-', '')}-01" for c in jobs)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -100,6 +100,18 @@ def test_a_queue_at_its_bound_holds_back_only_its_own_jobs(
         "b": {"in_flight": 2, "held_back": 0}}
 
 
+def test_a_queue_is_the_jobs_queue_field_not_a_queue_key_in_its_meta(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store()
+    plain = Job.from_dict({"id": "m0", "url": "https://example.com/0", "interval_s": 60,
+                           "meta": {"queue": "fake"}})
+    routed = Job.from_dict({"id": "m1", "url": "https://example.com/1", "interval_s": 60,
+                            "queue": "real", "meta": {"queue": "fake"}})
+    _add_due(store, plain, routed)
+    assert _ids(store.claim().jobs) == ["m0", "m1"]
+    assert _counts(store) == {"": 1, "real": 1} == _tally(store)
+
+
 def test_held_jobs_come_back_first_earliest_due_once_their_queue_has_room(
         make_store: Callable[..., Store]) -> None:
     store = make_store(queue_max_queued=2)
@@ -222,7 +234,8 @@ def _reap_deleted(store: Store, c: Claimed) -> None:
 
 
 def _reap_orphaned(store: Store, c: Claimed) -> None:
-    assert store.hold((c.job.id, c.occurrence, c.attempt, 1, c.job.task), "w1")
+    # hold() answers the ids no longer held: none, so it is held.
+    assert store.hold([(c.job.id, c.occurrence, c.attempt, 1, c.job.task)], "w1") == []
     store.client.zadd(store.keys.queued, {c.job.id: store.now_ms() - 1}, xx=True)
     assert store.reap().orphaned == 1
 

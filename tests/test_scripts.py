@@ -172,7 +172,7 @@ def test_two_processes_claim_each_of_10000_due_jobs_exactly_once(
 
 def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> None:
     """claim.lua returns {now, next_due, next_deadline, room, held, held by their queue's
-    bound, then per job id, def, occ, attempt, publishes, due}."""
+    bound, then per job id, def, occ, attempt, publishes, due, fence, validators}."""
     job = _job("raw-claim")
     later = _job("later")
     store.upsert(job)
@@ -193,7 +193,8 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     assert room == 49
     assert res[4] == 0  # held back by pacing (off here)
     assert res[5] == 0  # held back by their queue's bound (5 here)
-    assert res[6:] == [job.id, job.to_json(), due, 1, 1, due, 0]  # fence 0: no start yet
+    # Fence 0: no start yet; "": no validators from an earlier visit.
+    assert res[6:] == [job.id, job.to_json(), due, 1, 1, due, 0, ""]
     assert store.client.hgetall(k.queue_in_flight) == {"": "1"}
     assert store.client.zscore(k.queued, job.id) == now + 20_000
     assert store.client.zscore(k.leases, job.id) is None

@@ -10,14 +10,20 @@ reply in the pool.
 from __future__ import annotations
 
 import time
+import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_zsched.core.job import Job
 from celery_zsched.core.results import SettleResult
 from celery_zsched.core.state import RuntimeState
+from celery_zsched.services.appstore import forget_app, store_for_app
 from celery_zsched.store import Store, scripts
+from celery_zsched.worker import settle as worker_settle
+from celery_zsched.worker.headers import Occurrence
 
 
 @pytest.fixture(autouse=True)
@@ -117,3 +123,32 @@ def test_a_server_that_never_ran_settle_hands_over_none_and_changes_nothing(
     store.collect()
     assert results == [None] and _status(store, "n") == "running"
     assert store.settle("n", occurrence, 1, "complete", fence=fence).applied  # loads it
+
+
+def test_a_worker_process_settles_a_completed_task_ahead_and_logs_it_when_read(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """In a worker process (``send_ahead``), ``settle_occurrence`` of a completed task
+    returns before its reply is read; the process's next start reads it (and logs)."""
+    app = Celery("ahead", set_as_current=False)
+    app.conf.zsched_redis_url = redis_url
+    app.conf.zsched_key_prefix = "{a" + uuid.uuid4().hex[:8] + "}:"
+    monkeypatch.setattr(worker_settle._AHEAD, "on", True)
+    try:
+        store = store_for_app(app)
+        store.client.script_load(scripts.source("settle"))
+        occurrence, fence, known = _started(store, "w")
+        request = SimpleNamespace(
+            zsched_start=SimpleNamespace(fence=fence, due_ms=occurrence, promoted_ms=occurrence,
+                                         definition=known[0], now_ms=known[1]),
+            zsched_started_ms=known[1], zsched_started_mono=time.monotonic())
+        occ = Occurrence("w", occurrence, 1, occurrence, occurrence, None, 1)
+        with caplog.at_level("INFO", logger="celery_zsched"):
+            worker_settle.settle_occurrence(app, occ, "complete", request, task_id="t-1")
+            assert store.lane is not None and store.lane.pending == 1
+            assert "job_complete" not in caplog.text
+            worker_settle.collect_sent(app)  # what the next start does
+        assert store.lane.pending == 0
+        assert _status(store, "w") == "scheduled"
+        assert '"applied":true' in caplog.text and "job_complete" in caplog.text
+    finally:
+        forget_app(app)

@@ -197,7 +197,7 @@ class RedisPush:
         ``UUID``; the random bytes are read 1,000 tags at a time."""
         if not self.random:
             pool = os.urandom(16_000)
-            self.random = [int.from_bytes(pool[i:i + 16]) for i in range(0, 16_000, 16)]
+            self.random = [int.from_bytes(pool[i:i + 16], "big") for i in range(0, 16_000, 16)]
         value = self.random.pop() & _VERSION_MASK | _VERSION_4
         text = f"{value:032x}"
         return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"

@@ -50,6 +50,9 @@ class ScheduleSettings:
     max_deliveries: int = 5
     #: Default ``misfire_grace_s``: skip a fire later than this. 0 never skips.
     misfire_grace_s: float = 0.0
+    #: Freshness target of adaptive-recrawl jobs that set none: the expected share
+    #: of time their copy equals the page (0-1, exclusive; see the Recrawl policy page).
+    freshness_target: float = 0.8
     #: Approximate cap of the settle event stream.
     events_maxlen: int = 100_000
     #: Approximate cap of each partition's audit stream (changes to jobs, see the
@@ -90,3 +93,6 @@ class ScheduleSettings:
                 f"{SETTING_PREFIX}queue_max_queued ({self.queue_max_queued}) must not exceed "
                 f"the total cap {SETTING_PREFIX}max_queued ({self.queued_bound}"
                 f"{'' if self.max_queued else ': 10 x batch_size'})")
+        if not 0 < self.freshness_target < 1:
+            raise ConfigurationError(f"zsched_freshness_target: must be between 0 and 1 "
+                                     f"(exclusive), got {self.freshness_target!r}")

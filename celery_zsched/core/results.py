@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.state import RuntimeState
 
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
@@ -21,7 +22,7 @@ def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
     beat names every message it publishes, and ``UUID`` objects cost more than the hash.
     """
     digest = hashlib.sha1(_NAMESPACE + f"{job_id}:{occurrence}:{attempt}".encode()).digest()
-    value = int.from_bytes(digest[:16]) & _VERSION_MASK | _VERSION_5
+    value = int.from_bytes(digest[:16], "big") & _VERSION_MASK | _VERSION_5
     text = f"{value:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
@@ -50,6 +51,9 @@ class Claimed:
     #: Where it was claimed, as ``"index@layout"`` (``""``: placed by id, which needs
     #: no hint): the worker finds the job's partition without the directory.
     partition: str = ""
+    #: The last visit's ``etag``, ``last_modified`` and ``signature`` (those stored):
+    #: what a conditional fetch sends.
+    validators: dict[str, str] = field(default_factory=dict)
 
     @property
     def task_id(self) -> str:
@@ -73,6 +77,8 @@ class Claimed:
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
+        for name, value in self.validators.items():
+            headers[f"zsched_{name}"] = value
         return headers
 
 
@@ -285,6 +291,8 @@ class SettleReport:
     http_status: int | None = None
     fence: int | None = None
     delivery: int | None = None
+    #: What the fetch saw of the page (change-aware recrawl), if it said.
+    visit: Visit | None = None
 
 
 @dataclass(frozen=True)

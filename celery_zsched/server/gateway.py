@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.results import Claimed, SettleReport, SettleResult
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.server.auth import require
@@ -42,6 +43,7 @@ from celery_zsched.server.jobs import JobId
 from celery_zsched.server.lease import Lease, LeaseSigner
 from celery_zsched.server.problems import Problem, bad_field
 from celery_zsched.services import signals, tracing
+from celery_zsched.services.robots import RobotsGuard
 from celery_zsched.store import Store
 
 logger = logging.getLogger("celery_zsched.server")
@@ -65,6 +67,39 @@ class Gateway:
     sender: Any = None
     #: Most long-polls waiting at once (``zsched_gateway_max_polls``); past it ``503``.
     max_polls: int = 1 << 30
+    #: The robots.txt check before a hand-out (``zsched_robots``), made on first use.
+    robots: RobotsGuard | None = None
+
+    async def permitted(self, claimed: list[Claimed]) -> list[Claimed]:
+        """Those of ``claimed`` that may be handed out (see :meth:`permit`)."""
+        return [one for one in claimed if await self.permit(one)]
+
+    async def permit(self, claimed: Claimed) -> bool:
+        """Whether ``claimed`` may be handed out: with ``zsched_robots`` on, a job whose
+        URL robots.txt disallows is settled ``blocked_by_robots`` here instead, so
+        HTTP workers never see it (their poll answers ``204``: poll again)."""
+        job, settings = claimed.job, self.store.settings
+        if not settings.robots or not job.url:
+            return True
+        if self.robots is None:
+            self.robots = RobotsGuard(self.store)
+        # A fetch of robots.txt may take its timeout: off the event loop.
+        verdict = await asyncio.to_thread(self.robots.check, job.url,
+                                          job.pacing_domain(settings))
+        if verdict.allowed:
+            return True
+        wait = verdict.retry_s if verdict.retry_s is not None else getattr(
+            job, "max_interval_s", None)
+        result = await asyncio.to_thread(
+            self.store.settle, job.id, claimed.occurrence, claimed.attempt, "blocked",
+            error=f"robots.txt: {verdict.reason} {job.url}", retry_after_s=wait,
+            event={"task_id": None, "transport": "http", "due_ms": claimed.due_ms,
+                   "promoted_ms": claimed.promoted_ms},
+            fence=claimed.fence)
+        log_event("job_blocked_by_robots", logging.WARNING, job_id=job.id,
+                  occurrence=claimed.occurrence, url=job.url, reason=verdict.reason,
+                  retry_s=wait, applied=result.applied, next_run_at=result.next_due_ms)
+        return False
 
     def job_body(self, claimed: Claimed) -> dict[str, Any]:
         """What a worker gets: the job, and the lease it echoes back."""
@@ -79,6 +114,7 @@ class Gateway:
             lease=self.signer.token(lease), lease_s=self.lease_s,
             scheduled_at=claimed.due_ms, picked_up_at=claimed.promoted_ms,
             traceparent=_traced(claimed),
+            **claimed.validators,
         ).model_dump(mode="json")
 
     def offer(self, claimed: list[Claimed], most: int | None) -> Response:
@@ -170,7 +206,8 @@ async def next_job(
     dispatcher = gateway.dispatcher
     wait = gateway.timeout_s if timeout is None else min(timeout, gateway.timeout_s)
     if wait <= 0:
-        return gateway.offer(await _take_now(gateway, queue, most or 1), most)
+        taken = await _take_now(gateway, queue, most or 1)
+        return gateway.offer(await gateway.permitted(taken), most)
     if dispatcher.polls >= gateway.max_polls:
         # Long-polls hold their connections: bounded apart, they never crowd out
         # the connections of reports and the management API.
@@ -196,7 +233,7 @@ async def next_job(
     if claimed and hung_up:
         dispatcher.give_back(claimed)  # nobody is listening: back to the schedule
         return Response(status_code=204)
-    return gateway.offer(claimed, most)
+    return gateway.offer(await gateway.permitted(claimed), most)
 
 
 async def _take_now(gateway: Gateway, queue: str, most: int) -> list[Claimed]:
@@ -218,9 +255,16 @@ def answer(result: SettleResult) -> tuple[int, dict[str, Any]]:
                "reaped, rescheduled, edited or deleted meanwhile").model_dump()
 
 
+def _visit(report: CompleteReport) -> Visit | None:
+    changed = False if report.status == 304 and report.changed is None else report.changed
+    # The body's schema already bounds each value as Visit does.
+    visit = Visit(changed, report.signature, report.etag, report.last_modified)
+    return visit if visit.reported else None
+
+
 def settle_report(lease: Lease, report: CompleteReport, outcome: str) -> SettleReport:
     """What the store settles for ``report`` on ``lease``: the outcome, fenced, with the
-    run's timings (the echoed times, both on Redis' clock)."""
+    run's timings (the echoed times, both on Redis' clock) and what the fetch saw."""
     due, picked = report.scheduled_at, report.picked_up_at
     timings = {"task_id": None, "transport": "http", "due_ms": due, "promoted_ms": picked,
                "started_ms": picked, "wait_ms": 0 if picked is not None else None,
@@ -228,9 +272,10 @@ def settle_report(lease: Lease, report: CompleteReport, outcome: str) -> SettleR
     if isinstance(report, ErrorReport):
         return SettleReport(lease.job_id, lease.occurrence, lease.attempt, outcome,
                             error=report.error, retry_after_s=report.retry_after,
-                            event=timings, http_status=report.status, fence=lease.fence)
+                            event=timings, http_status=report.status, fence=lease.fence,
+                            visit=_visit(report))
     return SettleReport(lease.job_id, lease.occurrence, lease.attempt, outcome, event=timings,
-                        fence=lease.fence)
+                        http_status=report.status, fence=lease.fence, visit=_visit(report))
 
 
 def after_settle(gateway: Gateway, report: SettleReport, result: SettleResult,

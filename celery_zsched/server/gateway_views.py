@@ -35,6 +35,11 @@ class JobOffer(BaseModel):
         default=None, description="With zsched_tracing: the W3C trace context of this "
         "hand-out's span. Continue the trace from it, and send it (or your own span's) as "
         "the report's traceparent header.")
+    etag: str | None = Field(None, description="The last visit's ETag: send it as "
+                                               "If-None-Match.")
+    last_modified: str | None = Field(None, description="The last visit's Last-Modified: "
+                                                        "send it as If-Modified-Since.")
+    signature: str | None = Field(None, description="The last visit's content signature.")
 
 
 class Settled(BaseModel):

@@ -30,6 +30,7 @@ from celery_zsched.store.base import Held, Running, time_ms, unavailable
 from celery_zsched.store.batch import Batches
 from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.hot import START_WAIT_MAX_S
+from celery_zsched.store.robots import SharedResults
 
 __all__ = [
     "START_WAIT_MAX_S", "TASK_ID_NAMESPACE", "ClaimBatch", "Claimed", "Held", "ImportReport",
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 
-class Store(Batches):
+class Store(Batches, SharedResults):
     """Job definitions and their timing state in Redis.
 
     Every time is read from the Redis server's clock (``TIME``), never the host's.

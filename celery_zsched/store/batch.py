@@ -14,6 +14,7 @@ from celery_zsched.store.base import Call, pooled_connection, time_ms, unavailab
 from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.hot import HotPath
 from celery_zsched.store.keys import Keys
+from celery_zsched.store.settles import LABELS
 
 try:
     import hiredis
@@ -34,7 +35,7 @@ class Batches(HotPath):
         a report whose job's timing was edited in between is settled again alone.
         """
         for report in reports:
-            if report.outcome not in ("complete", "error", "skip"):
+            if report.outcome not in LABELS:
                 raise ValueError(f"unknown outcome {report.outcome!r}")
         if not reports:
             return []
@@ -47,7 +48,7 @@ class Batches(HotPath):
                 report.job_id, report.occurrence, report.attempt, report.outcome, raw,
                 now_of[part.defs], error=report.error, retry_after_s=report.retry_after_s,
                 event=report.event, http_status=report.http_status, fence=report.fence,
-                delivery=report.delivery)
+                delivery=report.delivery, visit=report.visit)
             calls.append((scripts.SETTLE, part, (), args))
             decided.append((job, label))
         out: list[SettleResult] = []
@@ -119,6 +120,6 @@ class Batches(HotPath):
         options: dict[str, Any] = {
             "error": report.error, "retry_after_s": report.retry_after_s,
             "event": report.event, "http_status": report.http_status,
-            "fence": report.fence, "delivery": report.delivery}
+            "fence": report.fence, "delivery": report.delivery, "visit": report.visit}
         return self.settle(report.job_id, report.occurrence, report.attempt, report.outcome,
                            **options)

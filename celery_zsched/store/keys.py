@@ -191,6 +191,30 @@ class Keys:
         return self._k("domain_conf")
 
     @property
+    def robots(self) -> str:
+        """Hash, on the base prefix: origin (``scheme://host[:port]``) -> its robots.txt
+        as last fetched (JSON: kind, body, fetched and expiry ms, status, error)."""
+        return self._k("robots")
+
+    @property
+    def robots_claims(self) -> str:
+        """Hash, on the base prefix: origin -> until when one worker's fetch of its
+        robots.txt is under way (ms): the others wait for it or use the stale copy."""
+        return self._k("robots:claims")
+
+    @property
+    def planner(self) -> str:
+        """String, on the base prefix: the capacity planner's last result (JSON, with
+        the Redis time it was computed)."""
+        return self._k("planner")
+
+    @property
+    def planner_claim(self) -> str:
+        """String, on the base prefix: held (expiring) while one process recomputes
+        the planner, so the others read the last result instead of scanning too."""
+        return self._k("planner:claim")
+
+    @property
     def notify_limits(self) -> str:
         """Sorted set, on the base prefix: ``event|subject`` -> end of its notice
         rate limit (ms)."""
@@ -269,4 +293,5 @@ class Keys:
             self.workers, self.domains, self.domain_conf, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
             self.tombstones, self.tombstone_expiry, self.outbox, self.directory, self.moving,
+            self.robots, self.robots_claims, self.planner, self.planner_claim,
         ]

@@ -11,11 +11,13 @@ entry and the job sit in different slots and cannot be written by one script:
 * an entry whose partition holds no such job reads as absent;
 * a move (a job whose domain, and so its home, changed): the job is taken out
   whole and parked in its old partition, the entry names the new one, the job
-  is written there whole, then the parked record goes (``relocate.lua``). A
-  crash anywhere leaves the job either parked (the next write of any job, or
-  ``zsched repartition``, finishes the move) or in one partition: never lost,
-  never claimable twice. A job with an occurrence in flight does not move: its
-  change is refused until it settles (:class:`MoveDeferred`).
+  is written there whole, then the parked record goes (``relocate.lua``); the
+  new definition is written after. A crash anywhere leaves the job either
+  parked or in one partition: never lost, never claimable twice. A parked job
+  goes back where its stored definition belongs at the next write of any job
+  (or ``zsched repartition``); the writer that died, unanswered, writes again.
+  A job with an occurrence in flight does not move: its change is refused until
+  it settles (:class:`MoveDeferred`).
 """
 
 from __future__ import annotations
@@ -116,7 +118,11 @@ class Moves(Reads):
         if not self.layout.by_domain:
             return 0
         parked = self._pipeline_each(lambda pipe, keys: pipe.hgetall(keys.moving))
-        records = {str(job_id): (src, str(raw), int(json.loads(raw)["to"]))
+        # The parked definition is the one stored: the new one never was (its writer
+        # died, unanswered, and writes it again). So the job goes where that one
+        # belongs, paced under the domain its state names.
+        records = {str(job_id): (src, str(raw),
+                                 self.layout.home_of(str(job_id), json.loads(raw)["def"]))
                    for src, (found,) in enumerate(parked) for job_id, raw in found.items()}
         self._finish(records)
         return len(records)

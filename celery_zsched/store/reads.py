@@ -268,6 +268,15 @@ class Reads(StoreBase):
         return [RuntimeState.from_wire(raw) if raw else None for raw in raws]
 
     @unavailable
+    def sample_states(self, per_partition: int) -> list[RuntimeState]:
+        """Up to ``per_partition`` random runtime states of each partition (HRANDFIELD):
+        fleet-wide estimates at a cost that does not grow with the fleet."""
+        replies = self._pipeline_each(
+            lambda pipe, keys: pipe.hrandfield(keys.state, per_partition, withvalues=True))
+        return [RuntimeState.from_wire(raw) for reply in replies
+                for raw in list(reply[0] or ())[1::2]]
+
+    @unavailable
     def recent_events(self, since_ms: int, count: int) -> list[dict[str, str]]:
         """The fields of the newest ``count`` settle events since ``since_ms``, newest first."""
         replies = self._pipeline_each(

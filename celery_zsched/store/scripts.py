@@ -74,11 +74,20 @@ class ScriptSpec(Generic[R]):
 def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
     now, next_due, next_deadline, room, held, queue_held = (int(x) for x in res[:6])
     jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
-                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]))
-            for i in range(6, len(res), 7)]
+                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]),
+                    validators=_validators(res[i + 7]))
+            for i in range(6, len(res), 8)]
     return ClaimBatch(now, next_due if next_due >= 0 else None,
                       next_deadline if next_deadline >= 0 else None, jobs, room, held,
                       queue_held)
+
+
+def _validators(raw: Any) -> dict[str, str]:
+    if not raw:
+        return {}
+    stored = json.loads(raw)
+    return {name: stored[wire] for name, wire in
+            (("etag", "et"), ("last_modified", "lm"), ("signature", "sg")) if wire in stored}
 
 
 def _start_reply(res: Sequence[Any]) -> StartResult:
@@ -206,7 +215,8 @@ SETTLE = ScriptSpec(
                "domains", "domain_conf", "http_schedule", "http_wake", "queue_in_flight"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
-          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms"),
+          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms",
+          "changed", "content_signature", "etag", "last_modified", "recrawl"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",
@@ -238,6 +248,11 @@ RELOCATE = ScriptSpec(
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
 
+#: The robots.txt cache (on the base prefix): "get" reads and maybe claims, "put" stores.
+ROBOTS: ScriptSpec[Any] = ScriptSpec(
+    "robots", ("robots", "robots_claims", "domains"),
+    args=("operation", "origin", "entry", "claim_or_domain", "crawl_delay_ms"))
+
 NOTIFY = ScriptSpec(
     "notify", ("notify_limits", "notify_digest", "notify_held"),
     args=("operation", "subject", "window_ms", "digest_ms", "threshold", "notice", "cap",
@@ -252,5 +267,5 @@ OUTBOX_REPORT = ScriptSpec(
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
-                 RELEASE, CONTROL, RELOCATE, DOMAIN, NOTIFY, OUTBOX_REPORT)
+                 RELEASE, CONTROL, RELOCATE, DOMAIN, ROBOTS, NOTIFY, OUTBOX_REPORT)
 }

@@ -9,7 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import Visit, recrawl_policy
 from celery_zsched.core.results import SettleResult
+from celery_zsched.core.timing import jitter_ms
 from celery_zsched.store import scripts
 from celery_zsched.store.base import time_ms, unavailable
 from celery_zsched.store.connection import is_cluster
@@ -45,7 +47,8 @@ def bounded_timings(event: Mapping[str, Any], now: int) -> dict[str, Any]:
 
 
 #: Status label of a settle that does not retry.
-LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
+LABELS = {"complete": "complete", "skip": "skipped", "error": "error",
+          "blocked": "blocked_by_robots"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,8 +66,14 @@ class Settles(Writes):
                event: dict[str, Any] | None = None,
                http_status: int | None = None, fence: int | None = None,
                delivery: int | None = None,
-               known: tuple[str, int] | None = None) -> SettleResult:
-        """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
+               known: tuple[str, int] | None = None,
+               visit: Visit | None = None) -> SettleResult:
+        """Apply an outcome (``complete``, ``error``, ``skip`` or ``blocked``), compare-and-set.
+
+        ``blocked`` (robots.txt disallows the job's URL; label
+        ``blocked_by_robots``) sent no request: the job waits ``retry_after_s``
+        (its ``max_interval_s``, or ``zsched_robots_block_s``), or its own
+        interval if that is longer; a one-off job ends.
 
         The next due time is computed from the stored definition and Redis'
         clock; if the definition's timing changes meanwhile, it is recomputed.
@@ -79,7 +88,7 @@ class Settles(Writes):
         started, while its occurrence is queued; with neither, an unfenced caller
         (tests and tools): whatever holds the current occurrence.
         """
-        if outcome not in ("complete", "error", "skip"):
+        if outcome not in LABELS:
             raise ValueError(f"unknown outcome {outcome!r}")
         keys = self.part_of(job_id)
         for _ in range(5):
@@ -88,7 +97,7 @@ class Settles(Writes):
             job, label, args = self._settle_args(
                 job_id, occurrence, attempt, outcome, raw, now, error=error,
                 retry_after_s=retry_after_s, event=event, http_status=http_status, fence=fence,
-                delivery=delivery)
+                delivery=delivery, visit=visit)
             result = self._settle_result(job, label, self._call_hot(scripts.SETTLE, keys, **args))
             if result is not None:
                 return result
@@ -99,7 +108,7 @@ class Settles(Writes):
                     then: Callable[[SettleResult | None], None], *, known: tuple[str, int],
                     error: str = "", retry_after_s: float | None = None,
                     event: dict[str, Any] | None = None, http_status: int | None = None,
-                    fence: int | None = None) -> None:
+                    fence: int | None = None, visit: Visit | None = None) -> None:
         """:meth:`settle`, sent now and applied by Redis as it arrives; its reply is read
         by the next :meth:`collect` (a worker's next start, or its timer), which hands
         the result to ``then``.
@@ -110,18 +119,18 @@ class Settles(Writes):
         which is safe, because a settle is a compare-and-set. A store without a
         lane (Redis Cluster) settles at once.
         """
-        if outcome not in ("complete", "error", "skip"):
+        if outcome not in LABELS:
             raise ValueError(f"unknown outcome {outcome!r}")
         if self.lane is None:
             then(self.settle(job_id, occurrence, attempt, outcome, error=error,
                              retry_after_s=retry_after_s, event=event, http_status=http_status,
-                             fence=fence, known=known))
+                             fence=fence, known=known, visit=visit))
             return
         keys = self.part_of(job_id)
         job, label, args = self._settle_args(
             job_id, occurrence, attempt, outcome, *known, error=error,
             retry_after_s=retry_after_s, event=event, http_status=http_status, fence=fence,
-            delivery=None)
+            delivery=None, visit=visit)
 
         def on_reply(reply: Any) -> None:
             then(None if reply is None
@@ -146,7 +155,7 @@ class Settles(Writes):
     def _settle_args(self, job_id: str, occurrence: int, attempt: int, outcome: str,
                      raw: str | None, now: int, *, error: str, retry_after_s: float | None,
                      event: dict[str, Any] | None, http_status: int | None,
-                     fence: int | None, delivery: int | None
+                     fence: int | None, delivery: int | None, visit: Visit | None = None
                      ) -> tuple[Job | None, str, dict[str, Any]]:
         """The job, the status label and the settle script's arguments, decided from the
         definition ``raw`` (``None``: deleted) and Redis' clock ``now``."""
@@ -162,7 +171,10 @@ class Settles(Writes):
                 job, outcome, occurrence, attempt, now, retry_after_s)
         return job, label, dict(
             id=job_id, occurrence=occurrence, attempt=attempt,
-            outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
+            # A blocked run sent no request: to the script (and the domain's
+            # pacing) it is a skip, under its own label.
+            outcome="skip" if outcome == "blocked" else outcome, label=label,
+            next_due_ms="" if next_due is None else next_due,
             next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
             signature=job.timing_signature if job else "",
             max_runs=(job.max_runs or 0) if job else 0,
@@ -173,7 +185,10 @@ class Settles(Writes):
             pacing=self.pacing, fence="" if fence is None else fence,
             delivery="" if delivery is None else delivery,
             clock_ms=now if relative else "",
-            end_ms="" if job is None or job.end_at is None else job.end_at)
+            end_ms="" if job is None or job.end_at is None else job.end_at,
+            **(visit or Visit()).settle_args(None if job is None else recrawl_policy(
+                job, self.settings.freshness_target,
+                jitter_ms(job.effective_jitter_s(self.settings), self.rng))))
 
     @staticmethod
     def _settle_result(job: Job | None, label: str, reply: Any) -> SettleResult | None:
@@ -204,10 +219,26 @@ class Settles(Writes):
                 retry_after_s: float | None) -> tuple[str, int | None, int, int, bool]:
         """Label, next due, next occurrence and attempt, and whether the next due is
         ``now`` plus a delay (a retry, an interval job's next run), not a fixed time."""
+        if outcome == "blocked":
+            return self._blocked(job, now, occurrence, retry_after_s)
         if outcome == "error":
             retry = job.retry_due_ms(attempt, now, self.settings, retry_after_s)
             if retry is not None:
                 return "retrying", retry, occurrence, attempt + 1, True
         next_due = job.next_regular_ms(now, self.settings, self.rng)
         return (LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1,
+                job.kind == "interval")
+
+    def _blocked(self, job: Job, now: int, occurrence: int, wait_s: float | None
+                 ) -> tuple[str, int | None, int, int, bool]:
+        """Label, next due, occurrence, attempt and relativeness of a blocked run."""
+        wait_ms = round((wait_s if wait_s is not None else self.settings.robots_block_s) * 1000)
+        if job.kind == "interval":
+            assert job.interval_s is not None
+            # The interval is added back by next_regular_ms: never sooner than it.
+            now += max(0, wait_ms - round(job.interval_s * 1000))
+        elif job.kind == "cron":
+            now += wait_ms
+        next_due = job.next_regular_ms(now, self.settings, self.rng)
+        return (LABELS["blocked"], next_due, next_due if next_due is not None else occurrence, 1,
                 job.kind == "interval")

@@ -51,9 +51,10 @@ from celery_zsched.worker.heartbeat import heartbeat_for
 from celery_zsched.worker.holds import on_received, worker_name
 from celery_zsched.worker.settle import collect_all, report, send_ahead, settle_occurrence
 from celery_zsched.worker.start import install_start, start_occurrence
+from celery_zsched.worker.validators import validators, visit_of
 
 __all__ = ["MalformedHeaders", "Occurrence", "install", "install_start", "occurrence_of",
-           "report", "start_occurrence"]
+           "report", "start_occurrence", "validators"]
 
 logger = logging.getLogger("celery_zsched")
 _UID = "celery_zsched.worker"
@@ -123,7 +124,7 @@ def on_success(sender: Any = None, **_: Any) -> None:
     outcome, error, retry_after, status = (getattr(request, "zsched_outcome", None)
                                            or ("complete", "", None, None))
     settle_occurrence(_app_of(sender), occ, outcome, request, error, retry_after, request.id,
-                      status)
+                      status, visit=getattr(request, "zsched_visit", None))
 
 
 def on_failure(sender: Any = None, task_id: str | None = None,
@@ -137,7 +138,8 @@ def on_failure(sender: Any = None, task_id: str | None = None,
     error = f"{type(exception).__name__}: {exception}" if exception else "failed"
     status = status_of(exception) if exception is not None else None
     retry_after = retry_after_of(exception) if exception is not None else None
-    settle_occurrence(_app_of(sender), occ, "error", request, error, retry_after, task_id, status)
+    settle_occurrence(_app_of(sender), occ, "error", request, error, retry_after, task_id, status,
+                      visit=visit_of(exception, status))
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from celery import current_task
 
 from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.services import signals as zsched_signals
 from celery_zsched.services import tracing
@@ -30,14 +31,26 @@ COLLECT_AFTER_S = 0.05
 
 
 def report(outcome: str = "error", *, error: str = "", retry_after: float | None = None,
-           status: int | None = None) -> None:
+           status: int | None = None, changed: bool | None = None,
+           signature: str | None = None, etag: str | None = None,
+           last_modified: str | None = None) -> None:
     """Report the running task's outcome explicitly, instead of its return value.
 
     For example ``report("error", error="HTTP 429", status=429, retry_after=120)``
     makes a task that returns normally count as an error retried in 120 s, and
     (with pacing on) closes the domain for 120 s. ``report("complete", status=200)``
     reports a success with its status.
+
+    What the fetch saw of the page feeds change-aware recrawl: ``changed``
+    (whether the content changed since the last visit), or a ``signature`` (a
+    hash of the content) from which the store decides; ``etag`` and
+    ``last_modified`` are kept for the next conditional request (see
+    :func:`celery_zsched.worker.validators`). A ``304`` is a visit without a change
+    unless ``changed`` says otherwise. Bad values raise ``ValueError``.
     """
+    if status == 304 and changed is None:
+        changed = False
+    visit = Visit(changed, signature, etag, last_modified)
     if outcome not in ("complete", "error"):
         raise ValueError(f"outcome must be 'complete' or 'error', got {outcome!r}")
     if status is not None and (isinstance(status, bool) or not isinstance(status, int)
@@ -45,6 +58,7 @@ def report(outcome: str = "error", *, error: str = "", retry_after: float | None
         raise ValueError(f"status must be an HTTP status code (100-599), got {status!r}")
     request: Any = current_task.request
     request.zsched_outcome = (outcome, error, retry_after, status)
+    request.zsched_visit = visit if visit.reported else None
 
 
 def with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
@@ -66,7 +80,8 @@ def with_retries(what: str, occ: Occurrence, call: Callable[[], Any],
 
 def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = None, error: str = "",
             retry_after: float | None = None, task_id: str | None = None,
-            status: int | None = None, *, unfenced: bool = False) -> None:
+            status: int | None = None, *, unfenced: bool = False,
+            visit: Visit | None = None) -> None:
     """Settle ``occ``: as the execution ``request``'s start numbered (its fence), or,
     for a message that never started, as its delivery (``unfenced``: as whatever
     holds the occurrence, for an operator's terminate)."""
@@ -105,7 +120,7 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
             try:
                 result = with_retries("settle", occ, lambda: store.settle(
                     occ.job_id, occ.occurrence, occ.attempt, outcome, event=timings,
-                    http_status=status, fence=fence), SETTLE_RETRY_S)
+                    http_status=status, fence=fence, visit=visit), SETTLE_RETRY_S)
             except StoreUnavailable as exc:
                 logger.error("zsched: giving up settling %s (%s); its lease will expire and "
                              "the occurrence will be redelivered", occ.job_id, exc)
@@ -120,7 +135,8 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
         # The hot case: the task's slot does not wait for the reply (store.lane).
         try:
             store.settle_soon(occ.job_id, occ.occurrence, occ.attempt, outcome, settled,
-                              known=known, event=timings, http_status=status, fence=fence)
+                              known=known, event=timings, http_status=status, fence=fence,
+                              visit=visit)
         except StoreUnavailable:
             pass  # not sent: the usual way, with its retries
         else:
@@ -132,7 +148,7 @@ def settle_occurrence(app: Any, occ: Occurrence, outcome: str, request: Any = No
             retry_after_s=retry_after, event=timings, http_status=status,
             # A message from before fencing has no delivery number: unfenced, as then.
             fence=fence, delivery=None if fence is not None or unfenced else occ.delivery,
-            known=known),
+            known=known, visit=visit),
             SETTLE_RETRY_S)
         # Settled, it may move (a changed domain): its next message says where.
         store.forget(occ.job_id)

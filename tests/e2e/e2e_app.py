@@ -130,10 +130,13 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
     meta = meta or {}
     timeout = float(os.environ.get(ENV_HTTP_TIMEOUT_S, "60"))
     tagged = _with_task_id(url, str(self.request.id))
+    # Conditional: the validators of the last visit, from the message's headers.
+    request = urllib.request.Request(tagged, headers=celery_zsched.worker.validators())
     try:
-        with urllib.request.urlopen(tagged, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             resp.read()
             status = int(resp.status)
+            etag = resp.headers.get("ETag")
     except urllib.error.HTTPError as exc:
         retry_after = _retry_after(exc.headers)
         if exc.code == 429:
@@ -150,7 +153,8 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
         return exc.code
     if meta.get("celery_retry_s") and not self.request.retries:
         raise self.retry(countdown=float(meta["celery_retry_s"]))
-    celery_zsched.worker.report("complete", status=status)
+    celery_zsched.worker.report("complete", status=status, etag=etag,
+                                changed=True if etag else None)
     return status
 
 

@@ -221,8 +221,9 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
     # held under its lease: the reaper republishes it one lease after the kill. The
     # delivery deadline and kombu's visibility timeout stay at their defaults (2 h, 1 h):
     # tests/e2e/test_recovery_worker.py proves the same with every timeout at its default.
+    # One queue: its bound is the whole cap, as before bounds per queue.
     d = deploy(lease_s=LEASE_S, max_deliveries=CRASH_MAX_DELIVERIES, batch_size=25,
-               max_queued=50)
+               max_queued=50, queue_max_queued=50)
     n = CRASH_JOBS
     jobs = [d.job(url=target.url(f"/sleep/crash/{i}?s={CRASH_TASK_S}"),
                   interval_s=CRASH_INTERVAL_S) for i in range(n)]

@@ -72,7 +72,6 @@ def test_each_occurrence_is_one_trace_from_beat_to_a_prefork_worker(
         assert publish.attributes["zsched.attempt"] == 1
         assert publish.attributes["zsched.delivery"] == 1
         assert publish.attributes["zsched.lateness_ms"] >= 0
-        assert publish.attributes["zsched.task"] == SCRAPE_TASK
         others = [s for s in traces[publish.trace_id] if s is not publish]
         assert len(others) == 1, others
         task = others[0]
@@ -108,7 +107,7 @@ def test_each_http_job_is_one_trace_from_the_gateway_to_its_worker_and_report(
     propagator = TraceContextTextMapPropagator()
     auth = {"Authorization": f"Bearer {WORKER}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=10) as client:
-        wait(lambda: answers(port), 30, "zsched serve to answer")
+        wait(lambda: answers(port), 120, "zsched serve to answer")
         bodies = []
         while len(bodies) < JOBS:
             answer = client.get("/jobs/next", params={"timeout": 5})

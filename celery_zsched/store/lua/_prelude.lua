@@ -67,7 +67,7 @@ end
 --   b   breaker: "open" | "half" | nil     bo  breaker open until
 --   pj  id of the half-open probe          w, wo, wf  window start, completed, failed
 --   tc, tf  completed, failed (totals)     t4, t4n  last 429, 429s seen
---   h   times a job was held back
+--   h   times a job was held back         rd  robots.txt Crawl-delay (ms)
 -- An occurrence in flight names its domain in its own state (``fd``), so it
 -- leaves flight exactly once whichever path ends it (settle, reap, release).
 
@@ -143,10 +143,19 @@ local function domain_cache(state_key, conf_key)
   return get, flush, preload
 end
 
--- The delay in force (ms): the base (override or default), raised by the
--- adaptive delay unless the domain's override turned adaptation off.
+-- The configured delay (ms): the operator's override wins; else the default,
+-- raised to the Crawl-delay of the domain's robots.txt (``rd``, written by the
+-- worker's robots check) while zsched_robots is on.
+local function domain_base(e, P)
+  if e.conf.delay then return e.conf.delay end
+  if P.robots and e.rec.rd then return math.max(P.delay, e.rec.rd) end
+  return P.delay
+end
+
+-- The delay in force (ms): the base, raised by the adaptive delay unless the
+-- domain's override turned adaptation off.
 local function domain_delay(e, P)
-  local base = e.conf.delay or P.delay
+  local base = domain_base(e, P)
   if e.conf.adaptive == false then return base end
   return math.max(base, e.rec.d or 0)
 end

@@ -44,7 +44,8 @@
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, slots left, held,
 --          held back by their queue's bound,
 --          then per job: id, definition JSON, occurrence, attempt, publishes, due_ms,
---          fence (the holder's number: the gateway's lease token carries it)}
+--          fence (the holder's number: the gateway's lease token carries it),
+--          validators JSON {et, lm, sg} of the last visit ("" = none)}
 -- next_due_ms is the schedule's first score; for the gateway, its first score
 -- in the future (jobs already due that a queue filter skipped do not count);
 -- now when held-back jobs of a queue with room wait to be taken back.
@@ -70,6 +71,10 @@ local function hash_map(key)
 end
 
 local function queue_of(def)
+  -- Definitions are written by json.dumps, which leaves out a job's queue when it
+  -- has none: most claims then decode nothing (one with a "queue" key anywhere,
+  -- in its meta too, is decoded).
+  if not string.find(def, '"queue"', 1, true) then return "" end
   local q = decode_json(def).queue
   if type(q) ~= "string" then return "" end
   return q
@@ -115,7 +120,7 @@ local out = {now, -1, -1, 0, 0, 0}
 local scan_full, park_walk_full = false, false
 local claimed, held, parked = 0, 0, 0
 -- Per queue: occurrences queued, jobs held back, and what this claim changes.
-local in_flight, hints, hint_delta, hints_exact = {}, {}, {}, false
+local in_flight, hints, hint_delta, hints_exact, added = {}, {}, {}, false, {}
 local queues = {}  -- the queue of each candidate taken back, by position
 local function free(q) return queue_bound - (in_flight[q] or 0) end
 local function unparkable()
@@ -128,9 +133,11 @@ local counted = false
 local function load_counts()
   if per_queue and not counted then in_flight, counted = hash_map(counts), true end
 end
-if per_queue then
+-- An idle claim asks only how many queues have held-back jobs (usually none): the
+-- counts are read when there is something to decide.
+if per_queue and redis.call("HLEN", held_key) > 0 then
   hints = hash_map(held_key)
-  if next(hints) then load_counts() end
+  load_counts()
 end
 if limit > 0 then
   local ids, scores, found_defs = {}, {}, {}
@@ -235,8 +242,12 @@ if limit > 0 then
         -- A new hand-out: not confirmed published, held by no worker yet.
         st.q, st.w, st.tk = nil, nil, nil
         if status == "running" then st.sa, st.k = now, (st.k or 0) + 1 end
-        queued_add(queued, counts, id, deliver_by, st, q or nil)
-        if q then in_flight[q] = (in_flight[q] or 0) + 1 end
+        -- queued_add's accounting, with one HINCRBY per queue for the batch.
+        if redis.call("ZADD", queued, deliver_by, id) == 1 and q then
+          st.bq = q
+          in_flight[q] = (in_flight[q] or 0) + 1
+          added[q] = (added[q] or 0) + 1
+        end
         redis.call("HSET", state, id, encode_state(st))
         claimed = claimed + 1
         out[#out + 1] = id
@@ -246,6 +257,9 @@ if limit > 0 then
         out[#out + 1] = st.x
         out[#out + 1] = score
         out[#out + 1] = st.k or 0
+        -- The validators of the last visit, for a conditional fetch ("" = none).
+        out[#out + 1] = (st.et or st.lm or st.sg)
+          and encode_json({et = st.et, lm = st.lm, sg = st.sg}) or ""
       end
     else
       redis.call("HDEL", state, id)
@@ -258,6 +272,7 @@ if claimed > 0 then
 end
 if held > 0 then redis.call("HINCRBY", counters, "held", held) end
 if parked > 0 then redis.call("HINCRBY", counters, "queue_held", parked) end
+for q, n in pairs(added) do redis.call("HINCRBY", counts, q, n) end
 flush_domains()
 out[4], out[5], out[6] = math.max(0, room - claimed), held, parked
 if per_queue then
