@@ -20,6 +20,7 @@ from celery_zsched.store import scripts
 from celery_zsched.store.connection import is_cluster, redis_client
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys, partition_of
+from celery_zsched.store.lane import Lane
 from celery_zsched.store.placement import Layout
 from celery_zsched.store.scripts import ScriptSpec
 
@@ -161,6 +162,10 @@ class StoreBase:
         self._scripts: dict[str, Script] = {
             name: client.register_script(scripts.source(name)) for name in scripts.SCRIPTS
         }
+        pool = getattr(client, "connection_pool", None)
+        #: Where a worker's settles go ahead of their replies (``None`` on a Cluster).
+        self.lane = (Lane(pool, pooled_connection)
+                     if pool is not None and not is_cluster(client) else None)
 
     @classmethod
     def from_settings(cls: type[S], settings: Settings, timezone: str = "UTC") -> S:

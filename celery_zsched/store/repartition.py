@@ -32,7 +32,7 @@ from typing import Any
 from celery_zsched.config import Settings
 from celery_zsched.core import stream_ids
 from celery_zsched.core.errors import ZSchedError
-from celery_zsched.store.keys import Keys, partition_of
+from celery_zsched.store.keys import PARK_BASE, Keys, partition_of
 from celery_zsched.store.placement import Layout
 
 #: Zsets and sets that may hold a job id, besides the two hashes.
@@ -128,6 +128,8 @@ def repartition(client: Any, settings: Settings, to: int, *, force: bool = False
         _unpark(client, base, keys, goal)
         _move_partition(client, base, keys, layout, goal, chunk, report, progress)
         _move_tombstones(client, base, keys, to)
+    for keys in new:
+        _recount(client, keys)
     new_prefixes = {keys.prefix for keys in new}
     for keys in old:
         if keys.prefix not in new_prefixes:
@@ -138,6 +140,30 @@ def repartition(client: Any, settings: Settings, to: int, *, force: bool = False
     client.set(base.layout, str(goal))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _recount(client: Any, keys: Keys) -> None:
+    """Rebuild a partition's per-queue backpressure counts from what it now holds.
+
+    Jobs moved in bring their queued occurrences and held-back jobs along, but not
+    their counts: each queued occurrence counts again under its state's queue, and
+    every held-back job becomes plainly due (the next claim holds it back again if
+    its queue is still at its bound).
+    """
+    ids = [str(i) for i in client.zrange(keys.queued, 0, -1)]
+    tally: dict[str, int] = {}
+    for raw in (client.hmget(keys.state, ids) if ids else []):
+        queue = json.loads(raw).get("bq") if raw else None
+        if isinstance(queue, str):
+            tally[queue] = tally.get(queue, 0) + 1
+    held = client.zrangebyscore(keys.schedule, PARK_BASE, "+inf", withscores=True)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.queue_in_flight, keys.queue_held)
+    if tally:
+        pipe.hset(keys.queue_in_flight, mapping=tally)
+    if held:
+        pipe.zadd(keys.schedule, {str(i): score - PARK_BASE for i, score in held})
+    pipe.execute()
 
 
 def _refuse_if_alive(client: Any, base: Keys, count: int, alive_ms: int, force: bool) -> None:

@@ -7,6 +7,7 @@ sees it, and a message whose headers cannot be trusted is named, not run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,17 +86,29 @@ def occurrence_of(headers: Any) -> Occurrence | None:
                       hint)
 
 
+#: Where a request keeps its parsed occurrence: every hook of an execution asks.
+_PARSED = "zsched_parsed"
+
+
 def from_request(request: Any) -> Occurrence | None:
     """The occurrence of ``request``; raises :class:`MalformedHeaders` for bad headers."""
     if request is None:
         return None
+    # Named by the request's identity: Celery copies a request's attributes into
+    # the context of a task called from inside it, whose headers may differ.
+    parsed = getattr(request, _PARSED, None)
+    if parsed is not None and parsed[0] == id(request):
+        return parsed[1]  # type: ignore[no-any-return]
+    found = None
     for source in (getattr(request, "headers", None), getattr(request, "request_dict", None),
                    getattr(request, "_request_dict", None), request):
         if source is not None:
             found = occurrence_of(source)
             if found is not None:
-                return found
-    return None
+                break
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(request, _PARSED, (id(request), found))
+    return found
 
 
 def occurrence_or_none(request: Any) -> Occurrence | None:
