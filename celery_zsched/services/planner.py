@@ -2,7 +2,9 @@
 
 **Cost.** The demand side needs every definition: one HSCAN over the
 definitions hash (pages of 2,000, with one SMISMEMBER each for the paused
-flags) and a JSON parse per job, so O(jobs) in time and O(domains) in memory.
+flags, and one HMGET of the adaptive jobs' runtime states, whose interval
+in force is there, in the same round trip) and a JSON parse per job, so
+O(jobs) in time and O(domains) in memory.
 It is therefore not done per call: the result (per domain: jobs, fetches a day,
 and the histogram of intervals) is stored in Redis with the time it was
 computed, and recomputed at most every ``zsched_planner_refresh_s`` (5 min), by
@@ -22,6 +24,7 @@ from typing import Any
 
 from celery_zsched.core.domains import DomainInfo, domain_of, domain_sort_key, info_from
 from celery_zsched.core.planner import DomainLoad, DomainPlan, demanded_interval, plan
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.store import Store
 
 #: How long one scan may hold the claim before another process may take over (ms).
@@ -57,14 +60,14 @@ def scan(store: Store) -> Demand:
     loads: dict[str, DomainLoad] = defaultdict(DomainLoad)
     jobs = 0
     for page in store.scan_definitions():
-        for raw, paused in page:
+        for raw, paused, state in page:
             if paused:
                 continue
             fields: dict[str, Any] = json.loads(raw)
             end_at = fields.get("end_at")
             if end_at is not None and end_at <= now:
                 continue
-            interval = demanded_interval(fields)
+            interval = demanded_interval(fields, RuntimeState.from_wire(state) if state else None)
             if not interval:
                 continue
             try:
