@@ -80,6 +80,23 @@ class SharedResults(StoreBase):
         pipe.delete(self.keys.planner_claim)
         pipe.execute()
 
+    @unavailable
+    def recrawl_mu_write(self, mus: dict[str, float]) -> None:
+        """Store each domain's allocation multiplier in its home partition (where its
+        jobs settle) and drop the multipliers of domains no longer in ``mus``."""
+        homed: dict[int, dict[str, float]] = {i: {} for i in range(len(self.parts))}
+        for domain, mu in mus.items():
+            homed[self.layout.domain_home(domain)][domain] = mu
+        for part, mine in homed.items():
+            key = self.parts[part].recrawl_mu
+            stale = [d for d in self.client.hkeys(key) if d not in mine]
+            pipe = self.client.pipeline(transaction=False)
+            if mine:
+                pipe.hset(key, mapping={d: repr(mu) for d, mu in mine.items()})
+            if stale:
+                pipe.hdel(key, *stale)
+            pipe.execute()
+
     def scan_definitions(self, count: int = 2000
                          ) -> Iterator[list[tuple[str, bool, str | None]]]:
         """Every partition's definitions as pages of (raw JSON, paused, runtime state),
