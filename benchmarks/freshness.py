@@ -15,7 +15,11 @@ the content signature (a 304 as a visit without change):
 2. **fixed, same fetches**: every page at the fixed interval that spends what the
    adaptive run spent (the competitors' row: no scheduler adapts);
 3. **fixed, 2x fetches**: at half that interval. The fixed policy's fetches at
-   the adaptive run's freshness are interpolated (log-linear) from 2 and 3.
+   the adaptive run's freshness are interpolated (log-linear) from 2 and 3;
+4. **allocation**: adaptive under Cho's allocation (``zsched_recrawl_allocation``)
+   on the same fetch budget: each domain paced at the delay that allows what the
+   adaptive run spent on it, the capacity planner re-solving each domain's
+   multiplier every interval.
 
 After ``--warmup-s`` (not measured) each run measures ``--measure-s``: the
 time-averaged freshness (the share of page-time a fetched copy equalled its
@@ -53,6 +57,8 @@ PREFIX = "{fresh}:"
 ENV_BROKER = "FRESH_BENCH_BROKER_URL"
 ENV_READY = "FRESH_BENCH_READY_KEY"
 BODY = b"x" * 2048
+#: The runs whose jobs adapt (the others are fixed).
+ADAPTS = ("adaptive", "allocation")
 #: A fetch in the log: (wall-clock s, page, status, body bytes).
 Fetch = tuple[float, int, int, int]
 
@@ -247,7 +253,8 @@ def measure(policy: str, interval_s: float, log: list[Fetch], zero: float,
             lo, hi = max(fetched, start_s), min(stale_at, nxt, end_s)
             fresh += max(0.0, hi - lo)
     total = len(changes) * (end_s - start_s)
-    demanded = 0 if policy == "adaptive" else round(len(changes) * (end_s - start_s) / interval_s)
+    adapts = policy in ADAPTS
+    demanded = 0 if adapts else round(len(changes) * (end_s - start_s) / interval_s)
     return RunResult(policy, interval_s, fresh / total, fetches, not_modified, size, demanded)
 
 
@@ -267,22 +274,33 @@ class Cfg:
 
 
 def run(cfg: Cfg, policy: str, interval_s: float, changes: list[list[float]],
-        logdir: str, tag: str) -> RunResult:
-    """One run against a fresh store, broker and site."""
+        logdir: str, tag: str, budget_delay_s: float | None = None) -> RunResult:
+    """One run against a fresh store, broker and site. ``budget_delay_s``: Cho's
+    allocation, each domain paced at that delay (its budget)."""
     from celery_zsched.config import Settings
     from celery_zsched.core.job import Defaults, Job
+    from celery_zsched.services import planner
     from celery_zsched.store import Store
+
+    allocation: dict[str, Any] = ({} if budget_delay_s is None else {
+        "pacing": True, "domain_delay_s": budget_delay_s, "recrawl_allocation": True,
+        # The budget is the delay alone: no cap on requests in flight, no start margin
+        # (the unpaced runs have neither).
+        "domain_max_in_flight": 0, "domain_start_margin_s": 0})
 
     store_srv, broker = RedisServer("store").start(), RedisServer("broker").start()
     site = Site(changes)
     fleet = CeleryFleet("freshness:app", logdir, tag, {
         ENV_BROKER: broker.url(), ENV_READY: f"freshbench:ready:{tag}",
         "ZSCHED_REDIS_URL": store_srv.url(), "ZSCHED_KEY_PREFIX": PREFIX,
-        "ZSCHED_FRESHNESS_TARGET": str(cfg.target)}, drop=("FRESH_BENCH_",))
+        "ZSCHED_FRESHNESS_TARGET": str(cfg.target),
+        **{f"ZSCHED_{k.upper()}": str(v).lower() for k, v in allocation.items()}},
+        drop=("FRESH_BENCH_",))
     try:
-        store = Store.from_settings(Settings(redis_url=store_srv.url(), key_prefix=PREFIX))
+        store = Store.from_settings(Settings(redis_url=store_srv.url(), key_prefix=PREFIX,
+                                             **allocation))
         extra = ({"recrawl": "adaptive", "min_interval_s": interval_s / 10,
-                  "max_interval_s": interval_s * 10} if policy == "adaptive" else {})
+                  "max_interval_s": interval_s * 10} if policy in ADAPTS else {})
         jobs = [Job.from_dict({"id": f"p{i}", "task": "scrape", "interval_s": interval_s,
                                "url": f"http://127.0.1.{1 + i % cfg.domains}:{site.port}/p/{i}",
                                "jitter_s": 0, **extra}, Defaults())
@@ -294,8 +312,13 @@ def run(cfg: Cfg, policy: str, interval_s: float, changes: list[list[float]],
         store.upsert_many(jobs)  # staggered over one interval
         fleet.start_beat()
         deadline = time.monotonic() + cfg.warmup_s + cfg.measure_s
+        replan = time.monotonic()
         while time.monotonic() < deadline:
             fleet.check_alive()
+            if allocation and time.monotonic() >= replan:
+                # The planner's scan, as often as the rates move: every interval.
+                planner.demand(store, fresh=True)
+                replan = time.monotonic() + cfg.interval_s
             time.sleep(0.5)
         fleet.stop()
         log = site.stop()
@@ -317,8 +340,9 @@ def interpolate_fetches(a: RunResult, b: RunResult, freshness: float) -> float:
     return math.exp(math.log(a.fetches) + share * (math.log(b.fetches) - math.log(a.fetches)))
 
 
-def render(rows: list[RunResult], needed: float, loaded: str) -> str:
-    adaptive, same, double = rows
+def render(rows: list[RunResult], needed: float, loaded: str,
+           alloc_needed: float | None = None) -> str:
+    adaptive, same, double = rows[:3]
     lines = [
         "| policy | interval | freshness | fetches | 304s | bytes |",
         "|---|---|---|---|---|---|",
@@ -330,8 +354,17 @@ def render(rows: list[RunResult], needed: float, loaded: str) -> str:
         f"fetch ratio at adaptive's freshness (adaptive / fixed, interpolated): "
         f"{adaptive.fetches / needed:.2f} (goal <= 0.6)",
         f"bytes ratio at equal fetches: {adaptive.bytes / max(same.bytes, 1):.2f}",
-        loaded,
     ]
+    if len(rows) > 3 and alloc_needed:
+        alloc = rows[3]
+        lines += [
+            f"allocation: freshness ratio vs fixed (same fetches): "
+            f"{alloc.freshness / same.freshness:.2f} at {alloc.fetches / max(same.fetches, 1):.2f}"
+            f"x its fetches (goal >= 1.2 at equal fetches)",
+            f"allocation: fetch ratio at its freshness (vs fixed, interpolated): "
+            f"{alloc.fetches / alloc_needed:.2f} (goal <= 0.6)",
+        ]
+    lines.append(loaded)
     short = [r for r in (same, double) if r.fetches < 0.9 * r.demanded]
     if short:
         lines.append("CAPACITY-LIMITED: " + ", ".join(
@@ -373,14 +406,20 @@ def main(argv: list[str] | None = None) -> int:
     same = run(cfg, "fixed (same fetches)", same_s, changes, logdir, "fixed1")
     double = run(cfg, "fixed (2x fetches)", same_s / 2, changes, logdir, "fixed2")
     needed = interpolate_fetches(same, double, adaptive.freshness)
+    # The same budget as a pacing delay: each domain allowed what adaptive spent on it.
+    budget_delay_s = round(cfg.domains * cfg.measure_s / max(adaptive.fetches, 1), 4)
+    alloc = run(cfg, "allocation", cfg.interval_s, changes, logdir, "alloc", budget_delay_s)
+    alloc_needed = interpolate_fetches(same, double, alloc.freshness)
     loaded = (f"{cfg.pages:,} pages on {cfg.domains} domains, rates {rate_min:.2g}-"
               f"{rate_min * 1000:.2g}/s, target {cfg.target}, warm-up {cfg.warmup_s:g} s, "
               f"measured {cfg.measure_s:g} s; load average {os.getloadavg()[0]:.1f}")
-    print(render([adaptive, same, double], needed, loaded))
+    print(render([adaptive, same, double, alloc], needed, loaded, alloc_needed))
     if args.json:
         args.json.write_text(json.dumps({
-            "config": asdict(cfg), "runs": [asdict(r) for r in (adaptive, same, double)],
-            "fixed_fetches_at_adaptive_freshness": needed}, indent=2))
+            "config": asdict(cfg), "runs": [asdict(r) for r in (adaptive, same, double, alloc)],
+            "fixed_fetches_at_adaptive_freshness": needed,
+            "fixed_fetches_at_allocation_freshness": alloc_needed,
+            "allocation_delay_s": budget_delay_s}, indent=2))
     return 0
 
 

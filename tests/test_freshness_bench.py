@@ -22,7 +22,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_quick_freshness_benchmark_measures_three_runs(tmp_path: Path) -> None:
+def test_the_quick_freshness_benchmark_measures_four_runs(tmp_path: Path) -> None:
     out = tmp_path / "fresh.json"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ZSCHED_", "CELERY_", "DJANGO_SETTINGS_MODULE"))}
@@ -34,7 +34,7 @@ def test_the_quick_freshness_benchmark_measures_three_runs(tmp_path: Path) -> No
     assert "freshness ratio at equal fetches" in proc.stdout, proc.stdout
     runs = json.loads(out.read_text())["runs"]
     assert [r["policy"] for r in runs] == ["adaptive", "fixed (same fetches)",
-                                           "fixed (2x fetches)"]
+                                           "fixed (2x fetches)", "allocation"]
     for run in runs:
         assert 0 < run["freshness"] <= 1 and run["fetches"] > 0, run
         # Conditional requests: unchanged pages answered 304 without a body.

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_zsched.core.job import Job
 from celery_zsched.core.planner import DAY_S, DomainLoad, demanded_interval, plan
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.metrics.exporter import StoreCollector
 from celery_zsched.services import planner
 from celery_zsched.store import Store
@@ -129,6 +130,46 @@ def test_the_scan_sums_enabled_jobs_per_domain(make_store: Make) -> None:
     assert busy.demand == pytest.approx(10 * 1440 + 96)
     assert busy.intervals == Counter({60.0: 10, 900.0: 1})
     assert result.jobs == 14
+
+
+def _settle_unchanged(store: Store, ids: list[str], rounds: int) -> None:
+    """``rounds`` runs of each of ``ids`` that each saw no change, the last one made a
+    minute earlier on Redis' clock (a history that covers time). Other jobs the
+    claims hand out are settled without a report."""
+    for _ in range(rounds):
+        for job_id in ids:
+            store.run_now(job_id)
+        claimed = store.claim().jobs
+        assert set(ids) <= {c.job.id for c in claimed}
+        for c in claimed:
+            keys = store.part_of(c.job.id)
+            raw = json.loads(store.client.hget(keys.state, c.job.id))
+            if "hl" in raw:
+                raw["hl"] = store.now_ms() - 60_000
+                store.client.hset(keys.state, c.job.id, json.dumps(raw))
+            visit = Visit(changed=False) if c.job.id in ids else Visit()
+            assert store.settle(c.job.id, c.occurrence, c.attempt, "complete",
+                                visit=visit).applied
+
+
+def test_the_scan_counts_an_adaptive_jobs_interval_in_force(make_store: Make) -> None:
+    store = make_store()
+    fixed = _fleet(store, "site.example", 2, 60)
+    adaptive = [_job(f"http://site.example/a/{i}", interval_s=60, recrawl="adaptive",
+                     max_interval_s=600) for i in range(4)]
+    store.upsert_many(adaptive)
+    # Three pages never seen to change: their settles choose the upper bound.
+    # The fourth has no report yet and the fixed jobs keep theirs: their 60 s stands.
+    _settle_unchanged(store, [j.id for j in adaptive[:3]] + [fixed[0].id], 3)
+    states = store.states([j.id for j in adaptive])
+    assert [s.recrawl_interval_ms if s else None for s in states] == [600_000] * 3 + [None]
+    load = planner.demand(store, fresh=True).loads["site.example"]
+    assert load.jobs == 6
+    assert load.intervals == Counter({600.0: 3, 60.0: 3})
+    assert load.demand == pytest.approx(3 * DAY_S / 600 + 3 * DAY_S / 60)
+    # The Job form of the same rule (what a reader holding the job calls).
+    assert demanded_interval(adaptive[0], states[0]) == 600
+    assert demanded_interval(adaptive[3], states[3]) == 60
 
 
 def test_the_scan_is_shared_until_it_is_due_again(make_store: Make) -> None:

@@ -53,6 +53,11 @@ class ScheduleSettings:
     #: Freshness target of adaptive-recrawl jobs that set none: the expected share
     #: of time their copy equals the page (0-1, exclusive; see the Recrawl policy page).
     freshness_target: float = 0.8
+    #: Adaptive-recrawl jobs take their interval from Cho's budget allocation: the
+    #: capacity planner spends each paced domain's capacity where it buys the most
+    #: freshness (a multiplier per domain, see the Recrawl policy page); a domain
+    #: without one yet falls back to the freshness target.
+    recrawl_allocation: bool = False
     #: Approximate cap of the settle event stream.
     events_maxlen: int = 100_000
     #: Approximate cap of each partition's audit stream (changes to jobs, see the

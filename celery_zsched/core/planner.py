@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import current_interval_s
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.core.timing import cron_slot_after
 
 DAY_S = 86_400.0
@@ -40,17 +42,28 @@ _CRON_MAX_FIRES = 2_000
 _cron_cache: dict[tuple[str, str, str], float | None] = {}
 
 
-def demanded_interval(job: Job | Mapping[str, Any]) -> float | None:
+def demanded_interval(job: Job | Mapping[str, Any],
+                      state: RuntimeState | None = None) -> float | None:
     """Seconds between two fetches ``job`` asks for, or ``None`` (a one-off job).
 
     ``job``: a :class:`Job`, or the fields of a stored definition as the planner's
     scan reads them (parsing each into a ``Job`` would double the scan's cost).
-    Interval jobs: their fixed ``interval_s``. Cron jobs: a day over their fires a
-    day, averaged over a week. (The adaptive recrawl policy of issue 22 replaces
-    the fixed interval with the one in force: this is the one place.)
+    Interval jobs: the interval in force (:func:`~celery_zsched.core.recrawl.current_interval_s`:
+    an adaptive job's, from its runtime ``state``, is the one its last settle chose;
+    without one yet, its fixed ``interval_s``). Cron jobs: a day over their fires a
+    day, averaged over a week.
     """
-    fields = job if isinstance(job, Mapping) else vars(job)
-    interval = fields.get("interval_s")
+    if isinstance(job, Job):
+        fields: Mapping[str, Any] = vars(job)
+        interval = current_interval_s(job, state) if job.kind == "interval" else None
+    else:
+        fields = job
+        interval = fields.get("interval_s")
+        # The mapping's mirror of current_interval_s: only its recrawl and interval
+        # fields matter, and the scan does not parse the definition into a Job.
+        if (interval and fields.get("recrawl") == "adaptive" and state is not None
+                and state.recrawl_interval_ms):
+            interval = state.recrawl_interval_ms / 1000
     if interval:
         return float(interval)
     cron = fields.get("cron")

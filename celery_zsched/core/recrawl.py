@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -210,14 +211,19 @@ def validator_problem(value: object, limit: int) -> str | None:
     return None
 
 
-def recrawl_policy(job: Job, target: float, jitter_ms: int) -> dict[str, float] | None:
-    """What ``settle.lua`` needs to choose an adaptive job's next interval (None: fixed)."""
+def recrawl_policy(job: Job, target: float, jitter_ms: int,
+                   allocation: bool = False) -> dict[str, float] | None:
+    """What ``settle.lua`` needs to choose an adaptive job's next interval (None: fixed).
+    ``allocation``: by Cho's allocation when its domain has a multiplier."""
     if job.recrawl != "adaptive" or job.kind != "interval" or job.interval_s is None:
         return None
     low, high = bounds_s(job)
-    return {"lo": round(low * 1000), "hi": round(high * 1000),
-            "x": target_ratio(job.freshness_target or target),
-            "f": round(job.interval_s * 1000), "j": jitter_ms}
+    policy = {"lo": round(low * 1000), "hi": round(high * 1000),
+              "x": target_ratio(job.freshness_target or target),
+              "f": round(job.interval_s * 1000), "j": jitter_ms}
+    if allocation:
+        policy["a"] = 1
+    return policy
 
 
 def summary(job: Job, state: RuntimeState, now_ms: int) -> dict[str, Any]:
@@ -264,8 +270,9 @@ def estimate(state: RuntimeState) -> JobEstimate | None:
 # budget sum(f_i) = B make every page's marginal freshness per fetch equal,
 # 1 - (1 + x) e^{-x} = mu * lambda with x = lambda / f; a page with
 # mu * lambda >= 1 changes too fast to be worth any fetch (its upper bound).
-# Not wired into settle.lua: the capacity planner, which knows each domain's
-# budget, is where mu would be solved (solve_mu) and handed to the settle.
+# The capacity planner, which knows each domain's budget, solves mu
+# (solve_mu_pages) and stores it; settle.lua reads it and mirrors
+# allocation_interval_s (zsched_recrawl_allocation).
 def allocation_interval_s(rate: float, mu: float, low_s: float, high_s: float) -> float:
     """The interval Cho's allocation gives a page of change ``rate`` at multiplier ``mu``."""
     if rate <= 0 or mu * rate >= 1:
@@ -284,8 +291,16 @@ def allocation_interval_s(rate: float, mu: float, low_s: float, high_s: float) -
 def solve_mu(rates: list[float], budget_per_s: float, low_s: float, high_s: float) -> float:
     """The multiplier at which the allocation spends ``budget_per_s`` fetches a second
     over pages of ``rates`` (each interval in [low_s, high_s])."""
+    return solve_mu_pages({(r, low_s, high_s): 1 for r in rates}, budget_per_s)
+
+
+def solve_mu_pages(pages: Mapping[tuple[float, float, float], int],
+                   budget_per_s: float) -> float:
+    """:func:`solve_mu` over pages of their own bounds: ``(rate, low_s, high_s) -> how many``.
+    A budget below the pages' least spend gives the largest multiplier (every page
+    at its upper bound); above their most, the smallest (every page at its lower)."""
     def spent(mu: float) -> float:
-        return sum(1 / allocation_interval_s(r, mu, low_s, high_s) for r in rates)
+        return sum(n / allocation_interval_s(r, mu, lo, hi) for (r, lo, hi), n in pages.items())
 
     low, high = 1e-9, 1e9
     for _ in range(80):

@@ -2,7 +2,9 @@
 
 **Cost.** The demand side needs every definition: one HSCAN over the
 definitions hash (pages of 2,000, with one SMISMEMBER each for the paused
-flags) and a JSON parse per job, so O(jobs) in time and O(domains) in memory.
+flags, and one HMGET of the adaptive jobs' runtime states, whose interval
+in force is there, in the same round trip) and a JSON parse per job, so
+O(jobs) in time and O(domains) in memory.
 It is therefore not done per call: the result (per domain: jobs, fetches a day,
 and the histogram of intervals) is stored in Redis with the time it was
 computed, and recomputed at most every ``zsched_planner_refresh_s`` (5 min), by
@@ -16,12 +18,14 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from celery_zsched.core.domains import DomainInfo, domain_of, domain_sort_key, info_from
 from celery_zsched.core.planner import DomainLoad, DomainPlan, demanded_interval, plan
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.services.allocation import Pages, multipliers
 from celery_zsched.store import Store
 
 #: How long one scan may hold the claim before another process may take over (ms).
@@ -36,6 +40,9 @@ class Demand:
     jobs: int
     scan_s: float
     loads: dict[str, DomainLoad]
+    #: The scan's adaptive pages with a change-rate estimate, per domain (what
+    #: Cho's allocation needs; not shared: only the scanning process allocates).
+    pages: dict[str, Pages] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> str:
         return json.dumps({"at": self.computed_ms, "jobs": self.jobs, "s": round(self.scan_s, 3),
@@ -55,16 +62,18 @@ def scan(store: Store) -> Demand:
     now = store.now_ms()
     registrable = store.settings.domain_registrable
     loads: dict[str, DomainLoad] = defaultdict(DomainLoad)
+    pages: dict[str, Pages] = defaultdict(Pages)
     jobs = 0
     for page in store.scan_definitions():
-        for raw, paused in page:
+        for raw, paused, state in page:
             if paused:
                 continue
             fields: dict[str, Any] = json.loads(raw)
             end_at = fields.get("end_at")
             if end_at is not None and end_at <= now:
                 continue
-            interval = demanded_interval(fields)
+            runtime = RuntimeState.from_wire(state) if state else None
+            interval = demanded_interval(fields, runtime)
             if not interval:
                 continue
             try:
@@ -77,7 +86,10 @@ def scan(store: Store) -> Demand:
                 continue
             loads[name].add(interval)
             jobs += 1
-    return Demand(now, jobs, time.perf_counter() - started, dict(loads))
+            if runtime is not None:
+                pages[name].add(raw, runtime, interval)
+    return Demand(now, jobs, time.perf_counter() - started, dict(loads),
+                  {k: v for k, v in pages.items() if v.pages})
 
 
 def shared(store: Store) -> tuple[Demand | None, bool]:
@@ -123,6 +135,9 @@ def demand(store: Store, *, fresh: bool = False) -> Demand:
         store.planner_claim(CLAIM_MS)  # nothing to share yet: this caller scans anyway
     result = scan(store)
     store.planner_write(result.to_json())
+    if store.settings.recrawl_allocation:
+        plans = domain_plans(store, result=result)[1]
+        store.recrawl_mu_write(multipliers(result.pages, plans))
     return result
 
 

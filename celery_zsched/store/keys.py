@@ -186,6 +186,12 @@ class Keys:
         return self._k("domains")
 
     @property
+    def recrawl_mu(self) -> str:
+        """Hash: domain -> the multiplier of Cho's budget allocation for its adaptive jobs
+        (a float; the capacity planner writes it, ``settle.lua`` reads it)."""
+        return self._k("recrawl_mu")
+
+    @property
     def domain_conf(self) -> str:
         """Hash: domain -> the operator's overrides (JSON: delay ms, cap, adaptive)."""
         return self._k("domain_conf")
@@ -290,7 +296,7 @@ class Keys:
             self.defs, self.schedule, self.http_schedule, self.queued, self.queue_in_flight,
             self.queue_held, self.leases, self.state,
             self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
-            self.workers, self.domains, self.domain_conf, self.notify_limits,
+            self.workers, self.domains, self.domain_conf, self.recrawl_mu, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
             self.tombstones, self.tombstone_expiry, self.outbox, self.directory, self.moving,
             self.robots, self.robots_claims, self.planner, self.planner_claim,

@@ -8,11 +8,16 @@ robots.txt fetch per origin per TTL, one planner scan per refresh period.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from celery_zsched.core.robots import Entry
 from celery_zsched.store import scripts
 from celery_zsched.store.base import StoreBase, time_ms, unavailable
 from celery_zsched.store.errors import redis_unavailable
+from celery_zsched.store.keys import Keys
+
+#: How an adaptive job's stored definition says so (see ``_definitions_page``).
+_ADAPTIVE = '"recrawl":"adaptive"'
 
 
 class SharedResults(StoreBase):
@@ -75,10 +80,30 @@ class SharedResults(StoreBase):
         pipe.delete(self.keys.planner_claim)
         pipe.execute()
 
-    def scan_definitions(self, count: int = 2000) -> Iterator[list[tuple[str, bool]]]:
-        """Every partition's definitions as pages of (raw JSON, paused), by HSCAN:
-        constant memory. A job may come twice while Redis rehashes the hash (HSCAN's
-        guarantee is "at least once"): the planner's sums are estimates anyway."""
+    @unavailable
+    def recrawl_mu_write(self, mus: dict[str, float]) -> None:
+        """Store each domain's allocation multiplier in its home partition (where its
+        jobs settle) and drop the multipliers of domains no longer in ``mus``."""
+        homed: dict[int, dict[str, float]] = {i: {} for i in range(len(self.parts))}
+        for domain, mu in mus.items():
+            homed[self.layout.domain_home(domain)][domain] = mu
+        for part, mine in homed.items():
+            key = self.parts[part].recrawl_mu
+            stale = [d for d in self.client.hkeys(key) if d not in mine]
+            pipe = self.client.pipeline(transaction=False)
+            if mine:
+                pipe.hset(key, mapping={d: repr(mu) for d, mu in mine.items()})
+            if stale:
+                pipe.hdel(key, *stale)
+            pipe.execute()
+
+    def scan_definitions(self, count: int = 2000
+                         ) -> Iterator[list[tuple[str, bool, str | None]]]:
+        """Every partition's definitions as pages of (raw JSON, paused, runtime state),
+        by HSCAN: constant memory. The state (raw, or ``None``) is read for adaptive
+        jobs only, whose interval lives there: one HMGET per page, in the round trip
+        of the paused flags. A job may come twice while Redis rehashes the hash
+        (HSCAN's guarantee is "at least once"): the planner's sums are estimates anyway."""
         # A generator runs after a decorator would have returned: it guards itself.
         with redis_unavailable():
             if not self.layout_checked:
@@ -88,8 +113,25 @@ class SharedResults(StoreBase):
                 while True:
                     cursor, page = self.client.hscan(keys.defs, cursor, count=count)
                     if page:
-                        ids = list(page)
-                        flags = self.client.smismember(keys.paused, ids)
-                        yield [(str(page[i]), bool(f)) for i, f in zip(ids, flags, strict=True)]
+                        yield self._definitions_page(keys, page)
                     if not cursor:
                         break
+
+    def _definitions_page(self, keys: Keys, page: dict[Any, Any]
+                          ) -> list[tuple[str, bool, str | None]]:
+        ids = list(page)
+        # Job.to_json is compact and sorted: the substring is exact, and cheaper
+        # than parsing every definition twice.
+        adaptive = [i for i in ids if _ADAPTIVE in str(page[i])]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.smismember(keys.paused, ids)
+        if adaptive:
+            pipe.hmget(keys.state, adaptive)
+        flags, *rest = pipe.execute()
+        states = dict(zip(adaptive, rest[0], strict=True)) if adaptive else {}
+        return [(str(page[i]), bool(f), _text(states.get(i)))
+                for i, f in zip(ids, flags, strict=True)]
+
+
+def _text(raw: Any) -> str | None:
+    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -212,7 +212,8 @@ RETRYING = ScriptSpec(
     args=("id", "occurrence", "attempt", "deadline_ms", "countdown_ms", "fence"), reply=bool)
 SETTLE = ScriptSpec(
     "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued",
-               "domains", "domain_conf", "http_schedule", "http_wake", "queue_in_flight"),
+               "domains", "domain_conf", "http_schedule", "http_wake", "queue_in_flight",
+               "recrawl_mu"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
           "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms",

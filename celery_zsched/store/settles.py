@@ -188,7 +188,8 @@ class Settles(Writes):
             end_ms="" if job is None or job.end_at is None else job.end_at,
             **(visit or Visit()).settle_args(None if job is None else recrawl_policy(
                 job, self.settings.freshness_target,
-                jitter_ms(job.effective_jitter_s(self.settings), self.rng))))
+                jitter_ms(job.effective_jitter_s(self.settings), self.rng),
+                self.settings.recrawl_allocation)))
 
     @staticmethod
     def _settle_result(job: Job | None, label: str, reply: Any) -> SettleResult | None:

@@ -18,6 +18,7 @@
 -- KEYS[11] http_schedule zset id -> due ms of transport "http" jobs
 -- KEYS[12] http_wake    channel  wakes the job gateways
 -- KEYS[13] queue_in_flight  hash  queue -> its occurrences in queued
+-- KEYS[14] recrawl_mu  hash  domain -> multiplier of Cho's allocation (the planner's)
 -- ARGV[1]  job id
 -- ARGV[2]  occurrence being settled
 -- ARGV[3]  attempt being settled
@@ -47,8 +48,10 @@
 -- ARGV[23] ETag the visit saw ("" = keep the stored one)
 -- ARGV[24] Last-Modified the visit saw ("" = keep the stored one)
 -- ARGV[25] adaptive recrawl JSON {lo, hi: interval bounds ms; x: the target's
---          rate x interval; f: the fixed interval ms; j: jitter ms} ("" = fixed):
---          a regular next run is now + the interval the history calls for + j
+--          rate x interval; f: the fixed interval ms; j: jitter ms; a: 1 = Cho's
+--          allocation, at the domain's multiplier in KEYS[14] when it has one}
+--          ("" = fixed): a regular next run is now + the interval the history
+--          calls for + j
 -- Returns {"ok", new status, now, consecutive failures, domain whose breaker this
 -- settle opened ("" = none), next due ms (-1 = none)} | {"stale"} | {"changed"}
 --       | {"deleted", that domain}
@@ -128,16 +131,32 @@ local function visit(changed)
   st.hl = now
 end
 
-local function adaptive_interval(R)
+-- Cho's allocation (core.recrawl.allocation_interval_s): the x = rate * interval
+-- at which 1 - (1 + x) e^-x, a fetch's marginal freshness, equals mu * rate.
+local function allocation_ratio(goal)
+  local low, high = 0.0, 60.0
+  for _ = 1, 60 do
+    local mid = (low + high) / 2
+    if 1 - math.exp(-mid) - mid * math.exp(-mid) < goal then low = mid else high = mid end
+  end
+  return (low + high) / 2
+end
+
+local function adaptive_interval(R, mu)
   local n, t = st.hv or 0, st.ht or 0
   if n <= 0 or t <= 0 then return R.f end
   local x = math.min(math.max(st.hx or 0, 0), n)
   local rate = -math.log((n - x + 0.5) / (n + 0.5)) / (t / n)
   if rate <= 0 then return R.hi end
-  return math.floor(math.min(math.max(R.x / rate * 1000, R.lo), R.hi) + 0.5)
+  local ratio = R.x
+  if mu then
+    if mu * rate >= 1 then return R.hi end  -- too fast to be worth a fetch
+    ratio = allocation_ratio(mu * rate)
+  end
+  return math.floor(math.min(math.max(ratio / rate * 1000, R.lo), R.hi) + 0.5)
 end
 
-local opened = ""
+local opened, home = "", st.fd
 if st.fd then
   local name = st.fd
   local domain, flush = domain_cache(KEYS[9], KEYS[10])
@@ -196,7 +215,9 @@ end
 -- history calls for: Redis' clock, this script's compare-and-set.
 if due and recrawl ~= "" and label ~= "retrying" then
   local R = decode_json(recrawl)
-  st.ri = adaptive_interval(R)
+  local mu = nil
+  if R.a == 1 and home then mu = tonumber(redis.call("HGET", KEYS[14], home)) end
+  st.ri = adaptive_interval(R, mu)
   due = now + st.ri + R.j
   next_occ = due
   if ARGV[20] ~= "" and due > tonumber(ARGV[20]) then due = nil end
