@@ -354,7 +354,12 @@ class StoreBase:
             options = {"target_nodes": self.client.get_node_from_key(names[0])} if cluster else {}
             pipe.execute_command("EVALSHA", self._scripts[spec.name].sha, len(names), *names,
                                  *spec.argv(args, rows), **options)
-        replies = pipe.execute(raise_on_error=False)
+        return self._script_replies(calls, pipe.execute(raise_on_error=False))
+
+    def _script_replies(self, calls: Sequence[Call], replies: Sequence[Any]) -> list[Any]:
+        """The replies of ``calls`` sent as EVALSHA without raising: a script the server
+        did not know is run again by name (loading it, as redis-py's Script does); any
+        other error is raised."""
         out = []
         for (spec, keys, rows, args), reply in zip(calls, replies, strict=True):
             if isinstance(reply, NoScriptError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from celery_zsched.core.job import Job
 from celery_zsched.core.results import SettleReport, SettleResult
@@ -106,15 +106,7 @@ class Batches(HotPath):
             raise
         finally:
             pool.release(conn)
-        out = []
-        for (spec, keys, rows, args), reply in zip(calls, replies, strict=True):
-            if isinstance(reply, NoScriptError):  # not run: load it, as Script does
-                reply = self._scripts[spec.name](keys=spec.key_names(keys),
-                                                 args=spec.argv(args, rows))
-            elif isinstance(reply, Exception):
-                raise reply
-            out.append(reply)
-        return out
+        return self._script_replies(calls, replies)
 
     def _settle_alone(self, report: SettleReport) -> SettleResult:
         options: dict[str, Any] = {
