@@ -168,7 +168,12 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
         return True
 
     # Start-up only: a loaded machine can take long to import; an exit fails at once.
-    wait(answers, 120, "zsched serve to answer", interval=0.1)
+    try:
+        wait(answers, 120, "zsched serve to answer", interval=0.1)
+    except BaseException:
+        proc.kill()  # the caller never gets it to stop: it must not outlive the test
+        proc.wait(10)
+        raise
     return proc
 
 
