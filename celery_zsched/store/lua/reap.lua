@@ -33,7 +33,6 @@
 --                         leaves flight here frees its domain's slot)
 -- KEYS[10] http_schedule zset id -> due ms of transport "http" jobs
 -- KEYS[11] http_wake    channel  wakes the job gateways
--- KEYS[12] queue_in_flight  hash  queue -> its occurrences in queued
 -- ARGV[1] most entries to look at, per deadline kind
 -- ARGV[2] crashed executions of one occurrence before it is dead-lettered
 -- ARGV[3] delivery deadline, ms
@@ -45,7 +44,7 @@
 --          (the last "dead-lettered" of them)}
 local leases, queued, schedule, state, dead, defs, counters, workers =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local http, wake, counts = KEYS[10], KEYS[11], KEYS[12]
+local http, wake = KEYS[10], KEYS[11]
 local now = now_ms()
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -54,15 +53,12 @@ local dead_ids = {}
 
 local domain, flush_domains = domain_cache(KEYS[9], nil)
 
--- The state of a live job, or nil (forgetting the state of a deleted one,
--- which leaves ``queued`` with it).
+-- The state of a live job, or nil (forgetting the state of a deleted one).
 local function live_state(id)
   local raw = redis.call("HGET", state, id)
   if raw and redis.call("HEXISTS", defs, id) == 1 then return decode_state(raw) end
   if raw then
-    local st = decode_state(raw)
-    domain_land(domain, st, id)
-    queued_rem(queued, counts, id, st)
+    domain_land(domain, decode_state(raw), id)
     redis.call("HDEL", state, id)
   end
   return nil
@@ -79,7 +75,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
   local st = live_state(id)
   if st and st.s == "leased" then
     -- It was published (under the old meaning, too): confirmed, to a queue unknown.
-    st.s, st.d, st.q, st.x, st.bq = "queued", 0, st.q or "", math.max(st.x or 0, 1), nil
+    st.s, st.d, st.q, st.x = "queued", 0, st.q or "", math.max(st.x or 0, 1)
     redis.call("ZADD", queued, (st.p or now) + delivery_ms, id)
     redis.call("HSET", state, id, encode_state(st))
     out[5] = out[5] + 1
@@ -110,10 +106,10 @@ end
 for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0, limit)) do
   local st = live_state(id)
   if not st or (st.s ~= "queued" and st.s ~= "leased") then
-    queued_rem(queued, counts, id, st)
+    redis.call("ZREM", queued, id)
   elseif st.w or not st.q then
     local slot = st.w and 6 or 7
-    queued_rem(queued, counts, id, st)
+    redis.call("ZREM", queued, id)
     st.w = nil
     reschedule(id, st)
     redis.call("HSET", state, id, encode_state(st))
@@ -123,7 +119,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0,
     redis.call("ZADD", queued, now + delivery_ms, id)
     out[4] = out[4] + 1
   else
-    queued_rem(queued, counts, id, st)
+    redis.call("ZREM", queued, id)
     reschedule(id, st)
     redis.call("HSET", state, id, encode_state(st))
     out[3] = out[3] + 1
