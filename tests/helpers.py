@@ -137,3 +137,15 @@ def run_benchmark(script: str, *args: str, timeout: float) -> list[list[str]]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return [line.strip("| ").split(" | ") for line in proc.stdout.splitlines()
             if line.startswith("| ")]
+
+
+def answers(port: int) -> bool:
+    """Whether an HTTP server answers on ``port`` (asked without a token: a probe of the
+    gateway must not take a job)."""
+    import httpx
+
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/jobs/next", timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True

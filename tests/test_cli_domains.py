@@ -86,7 +86,7 @@ def table(result: Result) -> dict[str, dict[str, str]]:
 def test_no_domains_yet_and_a_note_that_pacing_is_off(run: Run, zstore: Store) -> None:
     result = run("domains")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "no domains yet: none has pacing state or an override\n"
+    assert result.stdout == "no domains yet: none has pacing state, an override or jobs\n"
     assert result.stderr.startswith(PACING_OFF_NOTE)
     result = run("domains", "--json")
     assert (result.exit_code, json.loads(result.stdout)) == (0, [])
@@ -123,7 +123,8 @@ def test_list_shows_every_domain_sorted_and_json_has_every_field(
     shown = json.loads(run("domains", "--json").stdout)
     assert [d["name"] for d in shown] == ["::1", "a.example", "b.example"]
     assert shown[1] == {**zstore.domain("a.example").as_dict(), "now_ms": shown[1]["now_ms"],
-                        "breaker_until": None, "closed_until": None, "last_429": None}
+                        "breaker_until": None, "closed_until": None, "last_429": None,
+                        "plan": None}  # no jobs: nothing for the capacity planner
 
 
 @pytest.mark.parametrize(("args", "message"), [

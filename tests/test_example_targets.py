@@ -189,3 +189,41 @@ def test_sample_jobs_spread_over_the_sites() -> None:
     assert hosts_of["feed"] == set(FEED_HOSTS)
     assert all(row["url"].split("/")[2].endswith(":8000") for row in rows)
     assert all(row["url"].split("/")[2].endswith(":9123") for row in sample_jobs(9123, 50))
+
+
+def test_the_feed_honours_conditional_requests_and_the_task_reports_a_304(
+        sites: Sites) -> None:
+    from celery_zsched.worker.validators import HEADERS
+
+    url = sites.url(HEALTHY, "feed")
+    result, outcome = _scrape(url)
+    assert result["status"] == 200
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        etag, modified = resp.headers["ETag"], resp.headers["Last-Modified"]
+    assert _get_with(url, {"If-None-Match": etag}) == 304
+    assert _get_with(url, {"If-Modified-Since": modified}) == 304
+    assert _get_with(url, {"If-None-Match": '"another"'}) == 200
+    # The task sends the validators its message carries, and reports the 304.
+    headers = {HEADERS["etag"]: etag, HEADERS["last_modified"]: modified}
+    seen: list[Any] = []
+
+    def on_success(sender: Any = None, **_: Any) -> None:
+        seen.append((sender.request.zsched_outcome, sender.request.zsched_visit))
+
+    task_success.connect(on_success, sender=scrape, weak=False)
+    try:
+        again = scrape.apply(args=[url], headers=headers, throw=True).get()
+    finally:
+        task_success.disconnect(on_success, sender=scrape)
+    assert again == {"status": 304, "bytes": 0}
+    (outcome, visit), = seen
+    assert outcome[0] == "complete" and outcome[3] == 304 and visit.changed is False
+
+
+def _get_with(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code

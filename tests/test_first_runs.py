@@ -12,7 +12,7 @@ import pytest
 
 from celery_zsched.config import Settings
 from celery_zsched.core.job import Job
-from celery_zsched.store import Store, hot
+from celery_zsched.store import Store, settles
 
 N = 100
 INTERVAL_S = 300
@@ -111,7 +111,7 @@ def test_a_settle_through_redis_reschedules_2_01_s_after_as_2010_ms(
     """Through the store: a completed 2.01 s job is due 2010 ms after the settle's clock
     (the settle script's: "now plus a delay" is counted from the moment it applies)."""
     clock: list[int] = []
-    read_time = hot.time_ms
+    read_time = settles.time_ms
 
     def recording(reply: Any) -> int:  # the Redis TIME the settle computes from
         clock.append(read_time(reply))
@@ -120,7 +120,7 @@ def test_a_settle_through_redis_reschedules_2_01_s_after_as_2010_ms(
     job = Job.from_dict({"id": "decimal", "task": "t", "interval_s": 2.01, "jitter_s": 0})
     store.upsert(job)
     claimed = store.claim().jobs[0]
-    monkeypatch.setattr(hot, "time_ms", recording)
+    monkeypatch.setattr(settles, "time_ms", recording)
     res = store.settle(job.id, claimed.occurrence, claimed.attempt, "complete")
     assert res.applied and res.next_due_ms is not None and res.now_ms is not None and clock
     assert res.next_due_ms - res.now_ms == 2010

@@ -29,6 +29,7 @@ from celery.exceptions import CDeprecationWarning
 from celery.utils.saferepr import saferepr
 from kombu import Connection, Exchange, Queue
 
+from celery_zsched.beat import envelope
 from celery_zsched.beat.publish import _send, fast_repr, publish_batch
 from celery_zsched.core.job import Job
 from celery_zsched.store import Claimed
@@ -55,6 +56,15 @@ class Names:
 
 
 def rows(n: Names) -> list[dict[str, Any]]:
+    """Two jobs of each route: the second of a route is built from its template on Redis."""
+    first = _rows(n)
+    second = [{**row, "id": f"{row.get('id', 'url')}-2"} for row in first]
+    second[0]["url"] = "http://127.0.0.1:1/b"
+    second[0]["meta"] = {"site": "b", "quote": "it's"}
+    return first + second
+
+
+def _rows(n: Names) -> list[dict[str, Any]]:
     return [
         {"url": "http://127.0.0.1:1/a", "meta": {"site": "a", "n": [1, 2.5, None, True]}},
         {"id": "plain", "task": "tasks.other", "args": [1, "two"], "kwargs": {"k": {"x": 1}}},
@@ -133,7 +143,9 @@ class RedisBroker:
                     msg = json.loads(raw)
                     msg["queue"], msg["list"], msg["raw_body"] = queue, key, msg["body"]
                     msg["body"] = json.loads(base64.b64decode(msg["body"]))
-                    msg["properties"].pop("delivery_tag")
+                    tag = msg["properties"].pop("delivery_tag")
+                    # The whole envelope byte for byte, but for its one random field.
+                    msg["raw"] = raw.replace(json.dumps(tag), '"<tag>"')
                     out[_task_id(msg)] = msg
         self.client.delete(*(key for q in queues for key in self._keys(q)))
         return out
@@ -234,20 +246,28 @@ def names() -> Names:
     return Names()
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_batched_messages_equal_send_task_messages(
-        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Headers, properties and body of each batched message match send_task's."""
+def scenario_app(broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Celery:
+    """An app on ``broker`` configured as ``scenario`` says, its clock stopped at ``NOW``."""
     app = Celery("pub", broker=broker.url, set_as_current=False)
     if isinstance(broker, AmqpBroker):
         broker.apps.append(app)
     configure(app, names, SCENARIOS[scenario])
     monkeypatch.setattr(app, "now", lambda: NOW)
+    return app
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_batched_messages_equal_send_task_messages(
+        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headers, properties and body of each batched message match send_task's."""
+    app = scenario_app(broker, names, scenario, monkeypatch)
     jobs = rows(names)
     queues = names.queues
     reference = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
     batched = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
+    templated = _count_templated(monkeypatch)
     try:
         with app.producer_or_acquire() as producer:
             for claimed in reference:
@@ -260,6 +280,15 @@ def test_batched_messages_equal_send_task_messages(
         app.close()
     assert len(expected) == len(jobs)
     assert got == expected
+    # On Redis, the second message of each route came from its template (protocol 1
+    # has none); the comparison above covers them.
+    if isinstance(broker, RedisBroker):
+        if scenario == "protocol_1":
+            assert templated["messages"] == 0
+        elif scenario == "defaults":  # 16 messages over 7 routes
+            assert templated["messages"] == len(jobs) - 7
+        else:
+            assert templated["messages"] > 0
     # The scenario really did what it says (or the comparison above proves little).
     task_ids = {claimed.job.id: claimed.task_id for claimed in reference}
     own = expected[task_ids["own"]]
@@ -274,6 +303,25 @@ def test_batched_messages_equal_send_task_messages(
         assert "task" in own["body"] and "lang" not in own["headers"]
 
 
+def _count_templated(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the messages built from a template (not those that checked one)."""
+    counts = {"messages": 0}
+    build, learn = envelope._Template.build, envelope.RedisPush._learn
+
+    def counting_build(template: Any, message: Any, tag: str) -> str:
+        counts["messages"] += 1
+        return build(template, message, tag)
+
+    def counting_learn(push: Any, caught: Any, message: Any) -> Any:
+        template = learn(push, caught, message)
+        counts["messages"] -= template is not None  # its check built one
+        return template
+
+    monkeypatch.setattr(envelope._Template, "build", counting_build)
+    monkeypatch.setattr(envelope.RedisPush, "_learn", counting_learn)
+    return counts
+
+
 @pytest.mark.parametrize("value", [
     (), {}, [1, 2.5, None, True], {"a": {"b": {"c": {"d": [1]}}}}, ("x" * 5000,),
     {"s": "it's"}, {"s": "back\\slash"}, {"s": "new\nline"}, {1: "int key"},
@@ -283,3 +331,76 @@ def test_fast_repr_equals_saferepr(value: Any) -> None:
     """fast_repr is saferepr wherever it takes its shortcut, and defers to it elsewhere."""
     for maxlen, maxlevels in ((1024, 3), (20, 3), (4096, 0)):
         assert fast_repr(value, maxlen, maxlevels) == saferepr(value, maxlen, maxlevels=maxlevels)
+
+
+
+def test_templated_messages_get_distinct_uuid4_delivery_tags() -> None:
+    """As kombu tags each message with str(uuid4()): well-formed, and none twice."""
+    push = envelope.RedisPush(channel=None)
+    tags = [push._delivery_tag() for _ in range(5_000)]
+    assert len(set(tags)) == len(tags)
+    for tag in tags:
+        parsed = uuid.UUID(tag)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, tag)
+
+
+def test_publish_signal_receivers_see_every_message(redis_url: str, rclient: redis.Redis) -> None:
+    """A before_task_publish receiver (tracing injects its context so) runs for every
+    message and its changes are sent: templates are not used while one is connected."""
+    app = Celery("signals", broker=redis_url, set_as_current=False)
+    app.conf.task_default_queue = "signalled"
+    jobs = [_claimed({"url": f"http://127.0.0.1:1/{i}"}, 1_000 + i) for i in range(5)]
+
+    def stamp(headers: dict[str, Any], **_: Any) -> None:
+        headers["traceparent"] = f"00-{headers['id'].replace('-', '')}-01"
+
+    celery.signals.before_task_publish.connect(stamp)
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, jobs)
+    finally:
+        celery.signals.before_task_publish.disconnect(stamp)
+        app.close()
+    headers = [json.loads(raw)["headers"] for raw in rclient.lrange("signalled", 0, -1)]
+    assert sorted(h["traceparent"] for h in headers) == sorted(
+        f"00-{c.task_id.replace('-', '')}-01" for c in jobs)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_more_headers_reach_each_message_and_change_nothing_else(
+        broker: RedisBroker | AmqpBroker, names: Names, scenario: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing's ``traceparent`` is each message's own header, on both paths; the rest of
+    the message is the one published without it."""
+    app = scenario_app(broker, names, scenario, monkeypatch)
+    jobs = rows(names)
+    queues = names.queues
+    claimed = [_claimed(row, 1_000 + i) for i, row in enumerate(jobs)]
+    more = [{"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"} for i in range(len(jobs))]
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, claimed)
+        plain = broker.drain(queues, len(jobs))
+        with app.producer_or_acquire() as producer:
+            for one, extra in zip(claimed, more, strict=True):
+                _send(app, producer, one, extra)
+        expected = broker.drain(queues, len(jobs))
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, claimed, more)
+        got = broker.drain(queues, len(jobs))
+    finally:
+        app.close()
+    assert len(plain) == len(jobs)
+    assert got == expected
+    for one, extra in zip(claimed, more, strict=True):
+        message = dict(got[one.task_id])
+        # The raw envelope holds the header too; ``got == expected`` compared it.
+        message.pop("raw", None)
+        headers = dict(message.pop("headers"))
+        assert headers.pop("traceparent") == extra["traceparent"]
+        properties = dict(message.pop("properties"))
+        if "application_headers" in properties:  # AMQP: the headers again
+            properties["application_headers"] = dict(properties["application_headers"])
+            assert properties["application_headers"].pop("traceparent") == extra["traceparent"]
+        without = {k: v for k, v in plain[one.task_id].items() if k != "raw"}
+        assert {**message, "headers": headers, "properties": properties} == without

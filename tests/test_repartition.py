@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from celery_zsched.config import Settings
 from celery_zsched.core.errors import LayoutMismatch
 from celery_zsched.core.job import Job
-from celery_zsched.store import Store
+from celery_zsched.store import Store, scripts
+from celery_zsched.store.keys import partition_of
 from celery_zsched.store.repartition import RepartitionRefused, repartition
 
 
@@ -180,3 +181,139 @@ def test_the_cli_command_moves_the_store_and_says_what_to_do_next(
     assert "stop beat and workers first" in result.output
     assert len(records(Store(store.client, _with(store.settings, 3)))) == 50
     forget_app(cli_app.app)
+
+
+# ------------------------------------------------------------ placement rule
+def _url_job(i: int) -> Job:
+    return Job.from_dict({"id": f"u{i:03d}", "url": f"http://h{i % 23}.example/p/{i}",
+                          "interval_s": 60, "jitter_s": 0})
+
+
+def _busy_url_store(store: Store) -> list[Any]:
+    """300 URL jobs over 23 domains and 20 without one: scheduled, paused, queued,
+    running, dead. Returns the claimed occurrences (20 running, 20 queued)."""
+    store.upsert_many([_url_job(i) for i in range(300)], stagger=True)
+    store.upsert_many([_job(f"t{i}") for i in range(20)], stagger=False, static=True)
+    store.pause(*[f"u{i:03d}" for i in range(0, 30)])
+    now = store.now_ms()
+    ids = sorted(records(store))
+    for n, job_id in enumerate(ids):
+        store.client.zadd(store.part_of(job_id).schedule, {job_id: now + 3_600_000 + n}, xx=True)
+    for job_id in [f"u{i:03d}" for i in range(100, 140)]:
+        store.client.zadd(store.part_of(job_id).schedule, {job_id: now}, xx=True)
+    batch = store.claim(1000)
+    assert len(batch.jobs) == 40
+    for claimed in batch.jobs[:20]:
+        assert store.start(claimed.job.id, claimed.occurrence, claimed.attempt).runs
+    store.client.zadd(store.part_of("u200").dead, {"u200": now})
+    return batch.jobs
+
+
+def _placed_by_domain(store: Store) -> None:
+    """Each paced job is in its domain's partition, and the directory names each one
+    away from its id's own partition (and nothing else)."""
+    count = store.partitions
+    expected: dict[int, dict[str, str]] = {i: {} for i in range(count)}
+    for index, keys in enumerate(store.parts):
+        for job_id, raw in store.client.hgetall(keys.defs).items():
+            job = Job.from_json(raw)
+            domain = job.pacing_domain(store.settings)
+            home = partition_of(domain, count) if domain else partition_of(job_id, count)
+            assert index == home, job_id
+            if home != partition_of(job_id, count):
+                expected[partition_of(job_id, count)][job_id] = str(home)
+    for index, keys in enumerate(store.parts):
+        assert store.client.hgetall(keys.directory) == expected[index]
+
+
+def test_turning_pacing_on_and_off_moves_every_job_whole_to_and_from_its_domains_partition(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store(partitions=4)
+    claimed = _busy_url_store(store)
+    before = records(store)
+    paced_settings = dataclasses.replace(store.settings, pacing=True)
+    report = repartition(store.client, paced_settings, 4, chunk=37)
+    assert (report.source_layout, report.target_layout) == ("4", "4/domain")
+    assert report.moved > 50
+    paced = Store(store.client, paced_settings)
+    assert records(paced) == before
+    _placed_by_domain(paced)
+    with pytest.raises(LayoutMismatch, match="paced jobs by domain"):
+        Store(store.client, store.settings).stats()
+    # Messages published before the move start and settle after it, found by id alone.
+    for c in claimed[20:]:
+        assert paced.start(c.job.id, c.occurrence, c.attempt).runs, c.job.id
+    for c in claimed:
+        assert paced.settle(c.job.id, c.occurrence, c.attempt, "complete").applied, c.job.id
+    after_runs = records(paced)
+    # Registrable domains are another rule: moving to it and back off keeps every record.
+    grouped = dataclasses.replace(paced_settings, domain_registrable=True)
+    assert repartition(store.client, grouped, 4).target_layout == "4/registrable"
+    assert records(Store(store.client, grouped)) == after_runs
+    assert repartition(store.client, store.settings, 4).target_layout == "4"
+    plain = Store(store.client, store.settings)
+    assert records(plain) == after_runs
+    for index, keys in enumerate(plain.parts):
+        assert not store.client.exists(keys.directory)
+        for job_id in store.client.hkeys(keys.defs):
+            assert partition_of(job_id, 4) == index
+
+
+def test_an_interrupted_move_to_domain_placement_resumes_and_finishes_parked_moves(
+        make_store: Callable[..., Store]) -> None:
+    store = make_store(partitions=3)
+    _busy_url_store(store)
+    paced_settings = dataclasses.replace(store.settings, pacing=True)
+
+    def crash(moved: int) -> None:
+        if moved > 60:
+            raise KeyboardInterrupt
+
+    before = records(store)
+    with pytest.raises(KeyboardInterrupt):
+        repartition(store.client, paced_settings, 5, chunk=20, progress=crash)
+    assert store.client.get(store.base.layout) == "moving:3:5/domain"
+    with pytest.raises(RepartitionRefused, match="--to 5"):
+        repartition(store.client, store.settings, 5)
+    paced_settings = dataclasses.replace(paced_settings, partitions=5)
+    repartition(store.client, paced_settings, 5)
+    paced = Store(store.client, paced_settings)
+    assert records(paced) == before
+    _placed_by_domain(paced)
+    # A writer died mid-move (job parked): the next repartition finishes it.
+    job = Job.from_json(store.client.hget(paced.part_of("u150").defs, "u150"))
+    src = paced.locate(["u150"])["u150"]
+    paced._run([(scripts.RELOCATE, paced.parts[src], [("u150", (src + 1) % 5, "")],
+                 {"operation": "take"})])
+    assert "u150" not in records(paced)
+    repartition(store.client, dataclasses.replace(paced_settings, domain_registrable=True), 5)
+    grouped = Store(store.client, dataclasses.replace(paced_settings, domain_registrable=True))
+    assert records(grouped)["u150"] == before["u150"] and job.id == "u150"
+    assert not any(store.client.hlen(k.moving) for k in grouped.parts)
+    _placed_by_domain(grouped)
+
+
+def test_the_cli_command_moves_a_store_to_domain_placement_when_pacing_is_turned_on(
+        make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery.bin.celery import celery
+
+    from celery_zsched.services.appstore import forget_app
+    from tests import cli_app
+
+    store = make_store(partitions=4)
+    store.upsert_many([_url_job(i) for i in range(60)], stagger=False)
+    before = records(store)
+    for name, value in (("REDIS_URL", store.settings.redis_url),
+                        ("KEY_PREFIX", store.settings.key_prefix), ("PARTITIONS", "4"),
+                        ("PACING", "true")):
+        monkeypatch.setenv(f"ZSCHED_{name}", value)
+    forget_app(cli_app.app)
+    result = CliRunner().invoke(celery, ["-A", "tests.cli_app", "zsched", "repartition",
+                                         "--to", "4"], catch_exceptions=False)
+    forget_app(cli_app.app)
+    assert result.exit_code == 0, result.output
+    assert "repartitioned 4 -> 4/domain" in result.output
+    assert "zsched domains refresh" in result.output
+    paced = Store(store.client, dataclasses.replace(store.settings, pacing=True))
+    assert records(paced) == before
+    _placed_by_domain(paced)

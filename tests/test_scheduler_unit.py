@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -26,6 +27,7 @@ from celery_zsched.core.job import Defaults, Job
 from celery_zsched.core.timing import cron_next, dt_to_ms, ms_to_dt
 from celery_zsched.services.beat_entries import job_from_entry, static_job_id
 from celery_zsched.store import Store, audit_log, task_id_for
+from tests.servers import RedisServer, running
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -295,18 +297,54 @@ def test_tick_returns_seconds_until_the_next_due_job_capped_by_max_interval(
     assert 2.9 < patient.tick() <= 3.0
 
 
-def test_tick_returns_zero_when_a_full_batch_was_claimed(
+def test_a_tick_claims_again_while_batches_come_back_full(
     start: Callable[..., ZSchedScheduler], make_app: Callable[..., Celery], store: Store,
     rclient: redis.Redis,
 ) -> None:
-    """A full batch means more may be due: tick asks to run again at once."""
+    """A full batch means more may be due: the tick claims the next one at once (while
+    it publishes the batch before), until a batch is not full."""
     scheduler = start(app=make_app(zsched_batch_size=3))
+    # Two full batches: as many as the queue's default bound (a fifth of 10 x 3) admits.
+    store.upsert_many([_job(f"due-{i}") for i in range(6)], stagger=False)
+    assert scheduler.tick() > 0
+    ids = [m["headers"]["zsched_job_id"] for m in _messages(rclient)]
+    assert sorted(ids) == [f"due-{i}" for i in range(6)]
+    assert store.client.zcard(store.keys.schedule) == 0
+    assert all(store.get(f"due-{i}").state.publishes == 1 for i in range(6))
+
+
+def test_tick_returns_zero_when_its_last_batch_was_full(
+    start: Callable[..., ZSchedScheduler], make_app: Callable[..., Celery], store: Store,
+    rclient: redis.Redis,
+) -> None:
+    """Past its time budget (``max_interval``), a tick stops after a full batch and asks
+    to run again at once."""
+    scheduler = start(app=make_app(zsched_batch_size=3))
+    scheduler.max_interval = 1e-9  # the budget ends with the first batch
     store.upsert_many([_job(f"due-{i}") for i in range(5)], stagger=False)
     assert scheduler.tick() == 0.0
     assert rclient.llen("celery") == 3
     assert scheduler.tick() > 0
     assert rclient.llen("celery") == 5
     assert store.client.zcard(store.keys.schedule) == 0
+
+
+def test_a_failed_publish_gives_back_the_claim_made_meanwhile(
+    start: Callable[..., ZSchedScheduler], make_app: Callable[..., Celery], store: Store,
+    tmp_path: Path,
+) -> None:
+    """The broker refuses a batch while the next one is being claimed: both go back to
+    the schedule at once, none waits out its publish deadline."""
+    with running(RedisServer(tmp_path)) as (broker,):
+        scheduler = start(app=make_app(zsched_batch_size=3, broker_url=broker.url()))
+        store.upsert(_job("warm"))
+        assert scheduler.tick() > 0  # connected, queue declared
+        broker.stop()
+        jobs = [f"due-{i}" for i in range(6)]
+        store.upsert_many([_job(job_id) for job_id in jobs], stagger=False)
+        assert scheduler.tick() >= 1.0  # backing off
+    # Every one of them is back in the schedule ("warm" was published before).
+    assert sorted(store.client.zrange(store.keys.schedule, 0, -1)) == jobs
 
 
 def test_beat_does_not_load_all_jobs(
@@ -327,8 +365,11 @@ def test_beat_does_not_load_all_jobs(
     assert store.client.zcard(store.keys.leases) == 0
     # 5,000 definitions are ~500 kB; an idle tick moves a few hundred bytes plus INFO replies.
     assert sent < 20_000
-    for bulk_read in ("hgetall", "hscan", "hvals", "hkeys", "hmget", "zscan", "smembers"):
+    for bulk_read in ("hscan", "hvals", "hkeys", "hmget", "zscan", "smembers"):
         assert f"cmdstat_{bulk_read}" not in stats
+    # The claim reads each queue's in-flight count (a hash of one field per queue,
+    # here one): never the definitions, which the bytes above would show.
+    assert int(stats.get("cmdstat_hgetall", {"calls": 0})["calls"]) <= 1
     calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
     assert calls < 20
 

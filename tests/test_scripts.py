@@ -137,7 +137,9 @@ def test_two_processes_claim_each_of_10000_due_jobs_exactly_once(
 ) -> None:
     """Two beat processes racing on 10,000 due jobs claim each exactly once (invariant 1)."""
     store = make_store()
-    jobs = [_job(f"job-{i:05d}") for i in range(10_000)]
+    # Five queues: each one's default bound (2,000) admits its share, so with the
+    # default settings every job is claimed, and each queue's count is exact.
+    jobs = [_job(f"job-{i:05d}", queue=f"q{i % 5}") for i in range(10_000)]
     report = store.upsert_many(jobs, stagger=False)
     assert report.created == 10_000
     assert store.client.zcount(store.keys.schedule, "-inf", store.now_ms()) == 10_000
@@ -162,14 +164,15 @@ def test_two_processes_claim_each_of_10000_due_jobs_exactly_once(
     assert first and second, "both processes must have claimed (they raced)"
     assert set(first) & set(second) == set()
     assert set(first) | set(second) == {j.id for j in jobs}
+    assert store.client.hgetall(store.keys.queue_in_flight) == {f"q{i}": "2000" for i in range(5)}
     assert store.client.zcard(store.keys.schedule) == 0
     assert store.client.zcard(store.keys.queued) == 10_000
     assert store.client.hget(store.keys.counters, "promoted") == "10000"
 
 
 def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> None:
-    """claim.lua returns {now, next_due, next_deadline, room, held, then per job id, def, occ,
-    attempt, publishes, due}."""
+    """claim.lua returns {now, next_due, next_deadline, room, held, held by their queue's
+    bound, then per job id, def, occ, attempt, publishes, due, fence, validators}."""
     job = _job("raw-claim")
     later = _job("later")
     store.upsert(job)
@@ -178,9 +181,9 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     store.client.zadd(store.keys.schedule, {later.id: later_due})
     due = int(store.client.zscore(store.keys.schedule, job.id) or 0)
     k = store.keys
-    res = store.client.eval(_lua("claim"), 8, k.schedule, k.queued, k.leases, k.state, k.defs,
-                            k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "",
-                            "queued", "")
+    res = store.client.eval(_lua("claim"), 10, k.schedule, k.queued, k.leases, k.state, k.defs,
+                            k.counters, k.domains, k.domain_conf, k.queue_in_flight,
+                            k.queue_held, 10, 20_000, 50, "", "queued", "", 5)
     sec, usec = store.client.time()
     redis_now = sec * 1000 + usec // 1000
     now, next_due, next_lease, room = res[0], res[1], res[2], res[3]
@@ -189,15 +192,18 @@ def test_claim_script_with_raw_keys_returns_documented_layout(store: Store) -> N
     assert next_lease == now + 20_000
     assert room == 49
     assert res[4] == 0  # held back by pacing (off here)
-    assert res[5:] == [job.id, job.to_json(), due, 1, 1, due, 0]  # fence 0: no start yet
+    assert res[5] == 0  # held back by their queue's bound (5 here)
+    # Fence 0: no start yet; "": no validators from an earlier visit.
+    assert res[6:] == [job.id, job.to_json(), due, 1, 1, due, 0, ""]
+    assert store.client.hgetall(k.queue_in_flight) == {"": "1"}
     assert store.client.zscore(k.queued, job.id) == now + 20_000
     assert store.client.zscore(k.leases, job.id) is None
     assert _state(store, job.id).status == "queued"
     # Nothing due: the lists are empty and next_due/next_deadline still reported.
-    again = store.client.eval(_lua("claim"), 8, k.schedule, k.queued, k.leases, k.state, k.defs,
-                              k.counters, k.domains, k.domain_conf, 10, 20_000, 50, "",
-                            "queued", "")
-    assert again[1:] == [later_due, now + 20_000, 49, 0]
+    again = store.client.eval(_lua("claim"), 10, k.schedule, k.queued, k.leases, k.state,
+                              k.defs, k.counters, k.domains, k.domain_conf, k.queue_in_flight,
+                              k.queue_held, 10, 20_000, 50, "", "queued", "", 5)
+    assert again[1:] == [later_due, now + 20_000, 49, 0, 0]
 
 
 def test_claim_takes_only_due_jobs_and_at_most_limit(store: Store) -> None:
@@ -583,7 +589,7 @@ def test_claim_holds_due_jobs_in_the_schedule_past_the_backpressure_bound(
 ) -> None:
     """With max_queued occurrences queued and not started, due jobs stay in the schedule;
     each start frees a slot, and the earliest due is promoted first."""
-    store = make_store(max_queued=3)
+    store = make_store(max_queued=3, queue_max_queued=3)
     jobs = [_job(f"b{i}") for i in range(6)]
     store.upsert_many(jobs, stagger=False)
     now = store.now_ms()

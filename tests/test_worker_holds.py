@@ -80,14 +80,20 @@ def taken(app: Celery) -> Iterator[Callable[[], tuple[Store, Occurrence, Message
         conn.close()
 
 
-def _taken(app: Celery, conn: Any) -> tuple[Store, Occurrence, Message]:
+def _published(app: Celery, ids: list[str]) -> Store:
+    """Jobs ``ids`` stored, claimed and published by beat's code; their store."""
     store = store_for_app(app)
-    job = Job.from_dict({"id": "j", "task": "t", "interval_s": 60, "jitter_s": 0})
-    store.upsert_many([job], stagger=False)
+    store.upsert_many([Job.from_dict({"id": job_id, "task": "t", "interval_s": 60,
+                                      "jitter_s": 0}) for job_id in ids], stagger=False)
     claimed = store.claim().jobs
     with app.producer_or_acquire() as producer:
         publish_batch(app, producer, claimed)
     store.routed([(c, QUEUE) for c in claimed])
+    return store
+
+
+def _taken(app: Celery, conn: Any) -> tuple[Store, Occurrence, Message]:
+    store = _published(app, ["j"])
     message = Queue(QUEUE, channel=conn.channel()).get(no_ack=False)
     assert message is not None
     occ = occurrence_of(message.headers)
@@ -191,3 +197,43 @@ def test_a_tasks_own_request_class_is_kept_under_the_hold(
     request.on_accepted(1234, 0.0)
     assert accepted == [1234] and message.acknowledged
     assert _state(store, occ.job_id).holder == f"{HOSTNAME}:{os.getpid()}"
+
+
+@pytest.mark.parametrize("on_receipt", [False, True], ids=["batched", "sent-on-receipt"])
+def test_the_prefetch_is_held_before_each_acknowledgement_without_a_round_trip_each(
+        app: Celery, monkeypatch: pytest.MonkeyPatch, on_receipt: bool) -> None:
+    """The main process accepts its prefetch one message after another. Each message
+    is held in Redis when it is acknowledged, yet: either its hold went out when it
+    was received (its reply read at the acceptance, no round trip waited for), or
+    the first acceptance records every message received so far in one round trip."""
+    ids = [f"p{i}" for i in range(5)]
+    store = _published(app, ids)
+    beat = heartbeat.heartbeat_for(app, store)
+    holder = f"{HOSTNAME}:{os.getpid()}"
+    holds: list[Any] = []
+    real_hold = store.hold
+    monkeypatch.setattr(store, "hold", lambda *args: holds.append(args) or real_hold(*args))
+    seen: dict[str, str | None] = {}
+    with app.connection_for_read() as conn:
+        queue = Queue(QUEUE, channel=conn.channel())
+        requests = []
+        for _ in ids:
+            message = queue.get(no_ack=False)
+            assert message is not None
+            occ = occurrence_of(message.headers)
+            assert occ is not None
+
+            def on_ack(*args: Any, message: Message = message, job_id: str = occ.job_id) -> None:
+                seen[job_id] = _state(store, job_id).holder
+                message.ack()
+            request = _request(app, message, on_ack)
+            beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
+                      record=on_receipt)
+            requests.append(request)
+        for request in requests:
+            request.on_accepted(os.getpid(), 0.0)
+    assert seen == {job_id: holder for job_id in ids}
+    if on_receipt:
+        assert holds == [] and store.lane is not None and store.lane.pending == 0
+    else:
+        assert len(holds) == 1 and len(holds[0][0]) == len(ids)

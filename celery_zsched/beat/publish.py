@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
+from celery import signals
+from celery.app.routes import MapRoute
+from celery.utils.functional import maybe_evaluate
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from kombu.common import Broadcast
 
+from celery_zsched.beat.envelope import Message, RedisPush, redis_channel
 from celery_zsched.store import Claimed
 
 
@@ -48,18 +52,28 @@ def routing_options(claimed: Claimed) -> dict[str, Any]:
     return options
 
 
-def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
+def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed],
+                  more_headers: Sequence[Mapping[str, str]] | None = None) -> None:
     """Send every job through one producer.
 
-    Inside ``Producer.batch()`` kombu's Redis transport buffers the LPUSHes in
-    one pipeline, so a batch costs one broker round trip; other transports
-    publish immediately. Each message has a deterministic task id and headers
-    that let the worker settle it.
-
     Messages are the ones ``app.send_task`` would send, built by
-    :class:`_BatchSender` with the per-task work done once per batch.
+    :class:`_BatchSender` with the per-task work done once per batch. On kombu's
+    Redis transport the batch's messages are pushed in one round trip, most of
+    them built from a per-route template (:mod:`celery_zsched.beat.envelope`);
+    elsewhere, inside ``Producer.batch()`` where the transport buffers, or one
+    publish each. ``more_headers`` (tracing's ``traceparent``), in the order of
+    ``jobs``, are added to each message's own.
     """
     if not jobs:
+        return
+    channel = redis_channel(producer) if _no_publish_receivers() else None
+    if channel is not None and (sender := _BatchSender.make(app, producer, True)) is not None:
+        push = RedisPush(channel)
+        extras = more_headers if more_headers is not None else [None] * len(jobs)
+        with producer.connection._reraise_as_library_errors():
+            for claimed, more in zip(jobs, extras, strict=True):
+                sender.send(claimed, push, more)
+            push.push()
         return
     batch = producer.batch(max_size=max(1, len(jobs))) if hasattr(producer, "batch") else None
     sender = _BatchSender.make(app, producer, buffered=batch is not None and _buffers(producer))
@@ -67,21 +81,41 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed]) -> None:
         if batch is not None:
             stack.enter_context(batch)
         if sender is None:
-            for claimed in jobs:
-                _send(app, producer, claimed)
+            extras = more_headers if more_headers is not None else [None] * len(jobs)
+            for claimed, more in zip(jobs, extras, strict=True):
+                _send(app, producer, claimed, more)
             return
         # send_task wraps each publish in this; the batch's flush stays outside it.
         stack.enter_context(producer.connection._reraise_as_library_errors())
-        for claimed in jobs:
-            sender.send(claimed)
+        if more_headers is None:
+            for claimed in jobs:
+                sender.send(claimed)
+        else:
+            for claimed, more in zip(jobs, more_headers, strict=True):
+                sender.send(claimed, None, more)
 
 
-def _send(app: Any, producer: Any, claimed: Claimed) -> None:
+def _no_publish_receivers() -> bool:
+    """Whether nothing listens to Celery's publish signals (templated messages send none)."""
+    return not any(signal.receivers for signal in (
+        signals.before_task_publish, signals.after_task_publish, signals.task_sent))
+
+
+def headers_of(claimed: Claimed, more: Mapping[str, str] | None) -> dict[str, Any]:
+    """The message's headers: the occurrence's, and ``more`` (tracing's) if any."""
+    headers = claimed.headers()
+    if more:
+        headers.update(more)
+    return headers
+
+
+def _send(app: Any, producer: Any, claimed: Claimed,
+          more: Mapping[str, str] | None = None) -> None:
     """The reference path: one ``app.send_task`` per job."""
     args, kwargs = message_args(claimed)
     app.send_task(
         claimed.job.task, args=args, kwargs=kwargs, task_id=claimed.task_id,
-        headers=claimed.headers(), producer=producer, **routing_options(claimed),
+        headers=headers_of(claimed, more), producer=producer, **routing_options(claimed),
     )
 
 
@@ -113,7 +147,7 @@ def _plain(obj: Any, level: int, maxlevels: int) -> bool:
     kind = type(obj)
     if kind is str:
         return _plain_str(obj)
-    if obj is None or kind is int or kind is float or kind is bool:
+    if kind in _SCALARS:
         return True
     if kind is not dict and kind is not list and kind is not tuple:
         return False
@@ -121,15 +155,25 @@ def _plain(obj: Any, level: int, maxlevels: int) -> bool:
         return False
     level += 1
     if kind is dict:
-        for key, value in obj.items():
-            if type(key) is not str or not _plain_str(key) or not _plain(value, level, maxlevels):
+        if not all(type(key) is str and _plain_str(key) for key in obj):
+            return False
+        obj = obj.values()
+    # The leaves inline: most values of a job's arguments are strings and numbers.
+    for value in obj:
+        kind = type(value)
+        if kind is str:
+            if "'" in value or "\\" in value or not value.isprintable():
                 return False
-        return True
-    return all(_plain(value, level, maxlevels) for value in obj)
+        elif kind not in _SCALARS and not _plain(value, level, maxlevels):
+            return False
+    return True
 
 
 def _plain_str(text: str) -> bool:
     return "'" not in text and "\\" not in text and text.isprintable()
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 class _Route:
@@ -184,6 +228,10 @@ class _BatchSender:
         self.overrides: dict[str, Any] = {"retry": False} if buffered else {}
         self.routes: dict[tuple[Any, ...], _Route] = {}
         self.declared: set[int] = set()
+        self.on_task_call = app.backend.on_task_call
+        # Dict routes (task_routes mappings) look at the task name only; others may
+        # look at the arguments, so their route is worked out per message.
+        self.cacheable = all(isinstance(maybe_evaluate(r), MapRoute) for r in self.router.routes)
 
     @classmethod
     def make(cls, app: Any, producer: Any, buffered: bool) -> _BatchSender | None:
@@ -194,7 +242,10 @@ class _BatchSender:
             return None
         return cls(app, producer, buffered)
 
-    def send(self, claimed: Claimed) -> None:
+    def send(self, claimed: Claimed, push: RedisPush | None = None,
+             more: Mapping[str, str] | None = None) -> None:
+        """Publish ``claimed`` with ``more`` headers; with ``push``, queue it there (built
+        from a template when its route has one)."""
         job = claimed.job
         args, kwargs = message_args(claimed)
         name = job.task
@@ -205,29 +256,47 @@ class _BatchSender:
             options["headers"] = claimed.headers()
             route = self._route(name, options, args, kwargs)
             if route is None:  # an expiry send_task must convert itself
-                _send(self.app, self.producer, claimed)
+                if push is None:
+                    _send(self.app, self.producer, claimed, more)
+                else:
+                    push.capture(lambda: _send(self.app, self.producer, claimed, more))
                 return
-            if not self.router.routes:  # no task_routes: the route ignores the arguments
+            if self.cacheable:  # routes that ignore the arguments
                 self.routes[key] = route
         task_id = claimed.task_id
+        # as_task_v2 would repr ``args or ()``, ``kwargs or {}``
+        message = Message(task_id, args, kwargs,
+                          fast_repr(args or (), self.args_maxlen, self.maxlevels),
+                          fast_repr(kwargs or {}, self.kwargs_maxlen, self.maxlevels),
+                          headers_of(claimed, more))
+        if push is None:
+            self._publish(route, name, message)
+            return
+        if not route.ignore_result:
+            self.on_task_call(self.producer, task_id)
+        # A relative expiry is an absolute time per message: no template.
+        template_key = (key, tuple(message.headers)) if self.cacheable and route.expires is None \
+            else None
+        push.send(template_key, message, lambda: self._publish(route, name, message, False))
+
+    def _publish(self, route: _Route, name: str, message: Message, on_call: bool = True) -> None:
+        """``send_task``'s message creation and publish, for one message."""
+        task_id = message.task_id
         options = dict(route.options)
         # Keywords, not positions: as_task_v2's parameter order is not a stable API.
-        message = self.amqp.create_task_message(
-            task_id, name, args, kwargs, expires=route.expires, retries=0,
+        body = self.amqp.create_task_message(
+            task_id, name, message.args, message.kwargs, expires=route.expires, retries=0,
             reply_to=self.reply_to, time_limit=route.time_limit,
             soft_time_limit=route.soft_time_limit, create_sent_event=False,
             origin=self.origin, ignore_result=route.ignore_result, replaced_task_nesting=0,
-            # as_task_v2 would repr ``args or ()``, ``kwargs or {}``
-            argsrepr=fast_repr(args or (), self.args_maxlen, self.maxlevels),
-            kwargsrepr=fast_repr(kwargs or {}, self.kwargs_maxlen, self.maxlevels),
-            **options,
+            argsrepr=message.argsrepr, kwargsrepr=message.kwargsrepr, **options,
         )
         for stamp in options.pop("stamped_headers", None) or ():
             options.pop(stamp)
-        options = {**self.overrides, **route.declare, **options, "headers": claimed.headers()}
-        if not route.ignore_result:
+        options = {**self.overrides, **route.declare, **options, "headers": dict(message.headers)}
+        if on_call and not route.ignore_result:
             self.app.backend.on_task_call(self.producer, task_id)
-        self.amqp.send_task_message(self.producer, name, message, **options)
+        self.amqp.send_task_message(self.producer, name, body, **options)
 
     def _route(self, name: str, options: dict[str, Any], args: list[Any],
                kwargs: dict[str, Any]) -> _Route | None:

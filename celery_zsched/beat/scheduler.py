@@ -9,6 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
@@ -23,11 +24,11 @@ from celery_zsched.core.errors import BrokerUnavailable, StoreUnavailable
 from celery_zsched.core.job import Defaults
 from celery_zsched.core.results import merge_batches
 from celery_zsched.core.telemetry import log_event
-from celery_zsched.services import extensions, signals
+from celery_zsched.services import extensions, signals, tracing
 from celery_zsched.services.appstore import app_timezone
 from celery_zsched.services.beat_entries import job_from_entry
 from celery_zsched.services.extensions import BeatObserver
-from celery_zsched.store import Claimed, Store
+from celery_zsched.store import ClaimBatch, Claimed, Store
 
 logger = logging.getLogger("celery_zsched")
 #: Who changes the jobs of the ``beat_schedule`` setting: beat, following the config.
@@ -135,14 +136,17 @@ class ZSchedScheduler(Scheduler):
 
     # ---------------------------------------------------------------- tick
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """Reap (when a lease is due), claim one batch, publish it.
+        """Reap (when a lease is due), claim a batch, publish it.
 
-        Returns the seconds until the next due job or deadline, capped by
-        ``max_interval``; 0 when the batch was full and more may be due. While
+        While batches come back full, it goes on for up to ``max_interval``
+        seconds, each claim overlapping the publish of the batch before. Returns
+        the seconds until the next due job or deadline, capped by
+        ``max_interval``; 0 when the last batch was full and more may be due. While
         backpressure holds due jobs back (``queued_bound`` occurrences wait
         unstarted), it polls every ``max_interval``: they wait in the schedule.
         """
         started = time.perf_counter()
+        claimed = published = paced = queue_held = 0
         try:
             self._announce()
             if not self._static_synced and not self.sync_static():
@@ -151,23 +155,34 @@ class ZSchedScheduler(Scheduler):
             if self.unacked.due():
                 reaped += self.unacked.sweep()
             plan = self.visits.plan(self._redis_now(), self.settings.batch_size)
-            with self.metrics.time_claim():
-                batches = self.store.claim_parts(plan)
-            self.visits.record(plan, batches)
-            batch = merge_batches(batches.values())
-            published = 0
-            if batch.jobs:  # an idle tick publishes nothing: not a 0 s sample
-                with self.metrics.time_publish():
-                    published = self._publish(batch.jobs)
+            parts = len(plan)
+            batches = self._claim(plan)
+            while True:
+                self.visits.record(plan, batches)
+                batch = merge_batches(batches.values())
+                self._clock = (batch.now_ms, time.monotonic())
+                following = None
+                if (self.visits.any_full and batch.jobs
+                        and time.perf_counter() - started < float(self.max_interval or 1)):
+                    # More is due: Redis runs the next claim while this batch is published.
+                    plan = self.visits.plan(self._redis_now(), self.settings.batch_size)
+                    following = self._claimer.submit(self._claim, plan)
+                count = self._publish_claimed(batch.jobs, following)
+                self.metrics.tick(batch.jobs, count)
+                claimed += len(batch.jobs)
+                published += count
+                paced += batch.held
+                queue_held += batch.queue_held
+                if following is None:
+                    break
+                batches = following.result()
         except (StoreUnavailable, BrokerUnavailable) as exc:
             logger.warning("zsched: %s", exc)
             return self._backoff()
-        self.metrics.tick(batch.jobs, published)
         self._failures = 0
-        self._clock = (batch.now_ms, time.monotonic())
-        level = logging.INFO if batch.jobs or batch.held or reaped else logging.DEBUG
-        log_event("poll_stats", level, promoted=published, claimed=len(batch.jobs),
-                  paced=batch.held, reaped=reaped, partitions=len(plan),
+        level = logging.INFO if claimed or paced or reaped else logging.DEBUG
+        log_event("poll_stats", level, promoted=published, claimed=claimed,
+                  paced=paced, queue_held=queue_held, reaped=reaped, partitions=parts,
                   tick_ms=round((time.perf_counter() - started) * 1000, 3))
         if self.visits.any_full:
             return 0.0
@@ -184,6 +199,31 @@ class ZSchedScheduler(Scheduler):
             return cap
         wait: float = (wake - self._redis_now()) / 1000.0
         return max(0.0, min(wait, cap))
+
+    def _claim(self, plan: dict[int, int]) -> dict[int, ClaimBatch]:
+        with self.metrics.time_claim():
+            return self.store.claim_parts(plan)
+
+    @cached_property
+    def _claimer(self) -> ThreadPoolExecutor:
+        """The thread that claims the next batch while beat publishes one."""
+        return ThreadPoolExecutor(1, thread_name_prefix="zsched-claim")
+
+    def _publish_claimed(self, jobs: list[Claimed],
+                         following: Future[dict[int, ClaimBatch]] | None) -> int:
+        """Publish one claimed batch; if that fails, give the claim in flight back too."""
+        try:
+            if not jobs:  # an idle tick publishes nothing: not a 0 s sample
+                return 0
+            with self.metrics.time_publish():
+                return self._publish(jobs)
+        except BaseException:
+            if following is not None:
+                with contextlib.suppress(Exception):
+                    taken = [c for b in following.result().values() for c in b.jobs]
+                    if taken:
+                        self.store.release(taken)
+            raise
 
     def _redis_now(self) -> int:
         """The Redis clock now, estimated from the last claim and the monotonic clock."""
@@ -240,21 +280,39 @@ class ZSchedScheduler(Scheduler):
                 skipped += 1
             else:
                 to_send.append(claimed)
+        spans = self._spans(to_send)
         try:
-            publish_batch(self.app, self.producer, to_send)
+            publish_batch(self.app, self.producer, to_send,
+                          None if spans is None else spans.headers)
         except Exception as exc:
+            if spans is not None:
+                spans.end(exc)
             # The broker refused: give the jobs back now rather than waiting
             # out their leases. If Redis is down too, the leases still expire.
             logger.error("zsched: publishing %d jobs failed: %s", len(to_send), exc)
             self.store.release(to_send)
             self.__dict__.pop("producer", None)
             raise BrokerUnavailable(f"broker publish failed: {exc}") from exc
+        if spans is not None:
+            spans.end()
         # Confirms the publish (the occurrences leave the short publish deadline
         # for the delivery deadline), and tells the reaper which queue's workers
         # to ask about before it presumes a message lost. If this fails, the
         # publish deadline brings them back and the start drops the second copy.
         self.store.routed([(c, self._queue_of(c) or "") for c in to_send])
         return len(to_send)
+
+    @staticmethod
+    def _spans(jobs: Sequence[Claimed]) -> tracing.PublishSpans | None:
+        """The publish spans of ``jobs`` (``zsched_tracing``), or ``None``."""
+        tracer = tracing.active()
+        if tracer is None:
+            return None
+        try:
+            return tracer.publishing(jobs)
+        except Exception:  # tracing must never stop a publish
+            logger.exception("zsched: tracing %d messages failed", len(jobs))
+            return None
 
     def _queue_of(self, claimed: Claimed) -> str | None:
         """The queue ``claimed`` was published to, as Celery's router resolves it."""
@@ -271,6 +329,8 @@ class ZSchedScheduler(Scheduler):
 
     def close(self) -> None:
         super().close()
+        if "_claimer" in self.__dict__:
+            self._claimer.shutdown()
         extensions.stop("beat")
         if "unacked" in self.__dict__:
             self.unacked.close()

@@ -22,6 +22,7 @@ from celery_zsched.cli.helpers import EX_DATAERR, echo, fail, handles_errors, st
 from celery_zsched.core import domain_table
 from celery_zsched.core.domains import normalise_domain
 from celery_zsched.core.errors import ValidationError, got
+from celery_zsched.services import planner
 from celery_zsched.store import Store
 
 # Option of each DomainInfo/set_domain field, to name it in the store's errors.
@@ -56,28 +57,39 @@ def _pacing_note(store: Store) -> None:
 
 @click.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--replan", is_flag=True,
+              help="Recompute the capacity planner now instead of using its last result.")
 @click.pass_context
 @handles_errors
-def domains(ctx: click.Context, as_json: bool) -> None:
+def domains(ctx: click.Context, as_json: bool, replan: bool) -> None:
     """Per-domain pacing: list the domains, or `set` / `reset` one.
 
-    Without a subcommand, lists every domain with pacing state or an override:
-    the delay in force over the configured one, requests in flight over the
-    cap, the breaker, the Retry-After gate, the last 429 and the counts.
+    Without a subcommand, lists every domain with pacing state, an override or
+    jobs: the delay in force over the configured one and where that comes from
+    (default, config, override, robots), requests in flight over the cap, the
+    breaker, the Retry-After gate, the last 429, the counts, and the capacity
+    planner's verdict: the fetches a day its jobs ask for over those its pacing
+    allows, and the lateness an over-subscribed domain will cause.
     """
     if ctx.invoked_subcommand is not None:
         return
     store = store_of(ctx)
-    infos = store.domains()
+    infos, plans, demand = planner.domain_plans(store, fresh=replan)
     _pacing_note(store)
     if as_json:
-        echo(ctx, json.dumps([domain_table.as_json(i) for i in infos], indent=2))
+        echo(ctx, json.dumps([domain_table.as_json(i, plans.get(i.name)) for i in infos],
+                             indent=2))
         return
     if not infos:
-        echo(ctx, "no domains yet: none has pacing state or an override")
+        echo(ctx, "no domains yet: none has pacing state, an override or jobs")
         return
-    for line in domain_table.render(infos):
+    for line in domain_table.render(infos, plans):
         echo(ctx, line)
+    over = [p for p in plans.values() if p.oversubscribed]
+    age = domain_table.span(max(0, (infos[0].now_ms - demand.computed_ms)))
+    # A note, not a row: on stderr, so the table stays machine-readable.
+    click.echo(f"planner: {len(over)} over-subscribed of {len(plans)} domains with jobs "
+               f"({demand.jobs} jobs, computed {age} ago; --replan to recompute)", err=True)
 
 
 @domains.command("set")

@@ -47,11 +47,13 @@ _OPTION_OF = {
     "interval_s": "--interval", "timezone": "--tz", "jitter_s": "--jitter",
     "expires_s": "--expires", "misfire_grace_s": "--misfire-grace", "enabled": "--paused",
     "kwargs": "--kwarg", "args": "--arg", "retry_base_s": "--retry-base",
+    "min_interval_s": "--min-interval", "max_interval_s": "--max-interval",
 }
 
 # A job field's name as a word of a message ("after start_at", "one of interval_s, cron").
 _FIELD_WORD = re.compile(r"(?<![\w-])(interval_s|cron|run_at|start_at|end_at|timezone|jitter_s|"
-                         r"expires_s|misfire_grace_s|max_runs|day_rule|retry_max|retry_base_s)"
+                         r"expires_s|misfire_grace_s|max_runs|day_rule|retry_max|retry_base_s|"
+                         r"min_interval_s|max_interval_s|freshness_target|recrawl)"
                          r"(?![\w-])(?! expression)")
 
 

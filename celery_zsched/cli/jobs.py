@@ -33,6 +33,7 @@ from celery_zsched.core.errors import (
     got,
 )
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import summary as recrawl_summary
 from celery_zsched.core.rows import export_row
 from celery_zsched.store import JobInfo, Store
 
@@ -94,6 +95,17 @@ _ADD_OPTIONS = [
     option("--misfire-grace", type=float, group="Timing",
             help="Skip a fire that is later than this many seconds."),
     option("--paused", is_flag=True, group="Timing", help="Store the job paused."),
+    option("--recrawl", type=click.Choice(["fixed", "adaptive"], case_sensitive=False),
+            group="Recrawl",
+            help="fixed (every --interval, the default) or adaptive: the interval follows "
+                 "the page's estimated change rate (see the Recrawl policy page)."),
+    option("--min-interval", type=float, group="Recrawl",
+            help="Shortest adaptive interval in s (default: a tenth of --interval)."),
+    option("--max-interval", type=float, group="Recrawl",
+            help="Longest adaptive interval in s (default: ten times --interval)."),
+    option("--freshness-target", type=float, group="Recrawl",
+            help="Share of time (0-1) the copy should be fresh "
+                 "(default: zsched_freshness_target)."),
     option("--queue", group="Routing",
             help="Celery queue (for --transport http: what GET /jobs/next?queue= selects)."),
     option("--transport", type=click.Choice(["celery", "http"], case_sensitive=False),
@@ -128,7 +140,9 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
         "queue": opts["queue"], "routing_key": opts["routing_key"],
         "priority": opts["priority"], "expires_s": opts["expires"], "domain": opts["domain"],
         "retry_max": opts["retry_max"], "retry_base_s": opts["retry_base"],
-        "transport": opts["transport"],
+        "transport": opts["transport"], "recrawl": opts["recrawl"],
+        "min_interval_s": opts["min_interval"], "max_interval_s": opts["max_interval"],
+        "freshness_target": opts["freshness_target"],
         "meta": _pairs("--meta", opts["meta"], as_json=False),
         "kwargs": _pairs("--kwarg", opts["kwarg"], as_json=True),
         "args": [_maybe_json(value, "args") for value in opts["arg"]],
@@ -190,14 +204,18 @@ def list_(ctx: click.Context, limit: int, offset: int) -> None:
 @handles_errors
 def show(ctx: click.Context, job_id: str) -> None:
     """A job's definition and live state, as JSON."""
-    info = store_of(ctx).get(job_id)
+    store = store_of(ctx)
+    info = store.get(job_id)
     state = {k: v for k, v in info.state.to_dict().items() if v is not None}
-    echo(ctx, json.dumps({
+    out = {
         "id": info.job.id, "kind": info.job.kind, "status": info.status,
         "paused": info.paused, "next_run": iso(info.due_ms),
         "lease_until": iso(info.lease_until_ms), "definition": export_row(info.job),
         "state": state,
-    }, indent=2, ensure_ascii=False))
+    }
+    if info.job.kind == "interval":
+        out["recrawl"] = recrawl_summary(info.job, info.state, store.now_ms())
+    echo(ctx, json.dumps(out, indent=2, ensure_ascii=False))
 
 
 @click.command(cls=CeleryCommand)
@@ -205,19 +223,27 @@ def show(ctx: click.Context, job_id: str) -> None:
 @click.pass_context
 @handles_errors
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Job counts by state, jobs due soon, lifetime counters, and domains in trouble."""
+    """Job counts by state, jobs due soon, lifetime counters, backpressure per queue, and
+    domains in trouble."""
     store = store_of(ctx)
     counts = store.stats()
+    queues = store.queue_backpressure()
     # Which domains are slow or cut off, by name: the counts alone do not say
     # where to look (only with pacing on: off, no domain is paced).
     alerts = store.domain_alerts() if store.settings.pacing else {}
     if as_json:
-        echo(ctx, json.dumps({**counts, **({"domain_alerts": alerts} if alerts else {})},
+        echo(ctx, json.dumps({**counts, "queues": queues,
+                              **({"domain_alerts": alerts} if alerts else {})},
                               indent=2, sort_keys=True))
         return
     width = max(map(len, counts))
     for key, value in counts.items():
         echo(ctx, f"{key.ljust(width)}  {value}")
+    bound = store.settings.queue_bound
+    for queue, row in queues.items():
+        # Which queue is full, by name: a worker pool that is down shows here.
+        echo(ctx, f"queue {queue or '(none)'}: {row['in_flight']}/{bound} in flight, "
+                  f"{row['held_back']} held back")
     for label, names in (("throttled domains", alerts.get("throttled", [])),
                          ("breakers open", alerts.get("breakers_open", []))):
         if names:

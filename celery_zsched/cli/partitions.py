@@ -26,7 +26,10 @@ from celery_zsched.store.repartition import repartition as move_partitions
 def repartition(ctx: click.Context, to: int, force: bool) -> None:
     """Move the store to TO partitions. Stop beat and workers first.
 
-    Resumes an interrupted run. Afterwards set zsched_partitions=TO everywhere
+    Jobs are placed as this app's settings ask: with zsched_pacing on, a paced job
+    in its domain's partition. Run it (with the same TO) after turning pacing on
+    or off, or changing zsched_domain_registrable. Resumes an interrupted run.
+    Afterwards set zsched_partitions=TO (and the same pacing settings) everywhere
     (beat, workers, Django) and start them again.
     """
     settings = Settings.from_app(app_of(ctx))
@@ -42,10 +45,14 @@ def repartition(ctx: click.Context, to: int, force: bool) -> None:
         fail(str(exc), EX_TEMPFAIL)
     finally:
         client.close()
-    if report.source == report.target:
-        echo(ctx, f"the store already has {to} partition(s); nothing to do")
+    if report.source_layout == report.target_layout:
+        echo(ctx, f"the store already has {to} partition(s), placed as these settings ask; "
+                  "nothing to do")
         return
-    echo(ctx, f"repartitioned {report.source} -> {report.target}: moved {report.moved} "
-               f"job(s), kept {report.kept} in place, in {report.seconds:.1f}s")
+    echo(ctx, f"repartitioned {report.source_layout} -> {report.target_layout}: moved "
+               f"{report.moved} job(s), kept {report.kept} in place, in {report.seconds:.1f}s")
     echo(ctx, f"now set zsched_partitions={to} for beat, workers and Django, then start them")
+    if "/" in report.target_layout and "/" not in report.source_layout:
+        echo(ctx, "then run `zsched domains refresh` once, so jobs stored before pacing "
+                  "was on are paced")
 

@@ -45,9 +45,16 @@ if TYPE_CHECKING:
               show_default=True,
               help="Where the REST API writes definitions: the Django models (auto: when "
                    "celery_zsched.contrib.django is installed) or the Redis store.")
+@click.option("--loop", type=click.Choice(["auto", "asyncio", "uvloop"]), default="auto",
+              show_default=True,
+              help="Event loop: auto is uvloop when it is installed (uvicorn[standard]).")
+@click.option("--http", type=click.Choice(["auto", "h11", "httptools"]), default="auto",
+              show_default=True,
+              help="HTTP parser: auto is httptools when it is installed (uvicorn[standard]).")
 @click.pass_context
 @handles_errors
-def serve(ctx: click.Context, host: str, port: int, log_level: str, writer: str) -> None:
+def serve(ctx: click.Context, host: str, port: int, log_level: str, writer: str, loop: str,
+          http: str) -> None:
     """Serve the job gateway (/jobs/next, reports) and the REST API (/v1/jobs) until stopped."""
     try:
         from celery_zsched.server.runner import (
@@ -75,7 +82,8 @@ def serve(ctx: click.Context, host: str, port: int, log_level: str, writer: str)
     app = app_of(ctx)
     extensions.start(app, "serve")
     try:
-        run(store, host, port, log_level=log_level, sender=app, writer=job_writer)
+        run(store, host, port, log_level=log_level, sender=app, writer=job_writer, loop=loop,
+            http=http)
     finally:
         extensions.stop("serve")
 

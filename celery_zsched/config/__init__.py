@@ -7,9 +7,11 @@ only one section takes only that one:
 * :class:`~celery_zsched.config.redis.RedisSettings`: where the schedule lives;
 * :class:`~celery_zsched.config.schedule.ScheduleSettings`: batches, deadlines, retries;
 * :class:`~celery_zsched.config.pacing.PacingSettings`: per-domain pacing;
+* :class:`~celery_zsched.config.robots.RobotsSettings`: robots.txt and the capacity planner;
 * :class:`~celery_zsched.config.metrics.MetricsSettings`: beat's metrics server;
 * :class:`~celery_zsched.config.server.ServerSettings`: ``zsched serve``;
-* :class:`~celery_zsched.config.notify.NotifySettings`: the notifiers.
+* :class:`~celery_zsched.config.notify.NotifySettings`: the notifiers;
+* :class:`~celery_zsched.config.tracing.TracingSettings`: OpenTelemetry tracing.
 """
 
 from __future__ import annotations
@@ -32,14 +34,18 @@ from celery_zsched.config.metrics import MetricsSettings
 from celery_zsched.config.notify import NotifySettings
 from celery_zsched.config.pacing import PacingSettings
 from celery_zsched.config.redis import DEFAULT_PREFIX, DEFAULT_REDIS_URL, RedisSettings
+from celery_zsched.config.robots import RobotsSettings
 from celery_zsched.config.schedule import ScheduleSettings
 from celery_zsched.config.server import SCOPES, ServerSettings, api_token_scopes
+from celery_zsched.config.tracing import TracingSettings
 from celery_zsched.core.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_PREFIX", "DEFAULT_REDIS_URL", "ENV_PREFIX", "INTEGRATION_SETTINGS", "SCOPES",
     "SETTING_PREFIX", "MetricsSettings", "NotifySettings", "PacingSettings", "RedisSettings",
-    "ScheduleSettings", "ServerSettings", "Settings", "api_token_scopes", "redact_url",
+    "RobotsSettings", "ScheduleSettings", "ServerSettings", "Settings", "TracingSettings",
+    "api_token_scopes",
+    "redact_url",
 ]
 
 #: ``broker_use_ssl`` keys (kombu's Redis transport) that fill our TLS settings.
@@ -50,8 +56,8 @@ _BROKER_SSL_SETTINGS = frozenset({"redis_ssl_ca_certs", "redis_ssl_certfile",
 # Bases are listed last-section-first: a dataclass takes its fields from the
 # bases in reverse, so the fields (and the generated reference) start with Redis.
 @dataclass(frozen=True)
-class Settings(NotifySettings, ServerSettings, MetricsSettings, PacingSettings,
-               ScheduleSettings, RedisSettings):
+class Settings(TracingSettings, NotifySettings, ServerSettings, MetricsSettings,
+               RobotsSettings, PacingSettings, ScheduleSettings, RedisSettings):
     """Every knob of celery-zsched, with its default.
 
     Read with :meth:`from_app` (Celery config, then environment) lazily, never at
@@ -161,12 +167,7 @@ class Settings(NotifySettings, ServerSettings, MetricsSettings, PacingSettings,
         self._check_schedule()
         self._check_metrics()
         self._check_pacing()
+        self._check_robots()
         self._check_notify()
         self._check_server()
         self.check_connection()
-        if self.pacing and self.partitions > 1:
-            # A domain's gate must share a slot with every job of the domain, and
-            # jobs are placed by id: exact pacing needs one partition for now.
-            raise ConfigurationError(
-                f"{SETTING_PREFIX}pacing needs {SETTING_PREFIX}partitions = 1, "
-                f"got {self.partitions}")

@@ -49,7 +49,10 @@ class PacingSettings:
             breaker_window_ms=round(self.breaker_window_s * 1000),
             breaker_min=self.breaker_min_requests,
             breaker_cooldown_ms=round(self.breaker_cooldown_s * 1000),
-            start_margin_ms=round(self.domain_start_margin_s * 1000))
+            start_margin_ms=round(self.domain_start_margin_s * 1000),
+            # RobotsSettings' switch, when this section is part of Settings.
+            robots=bool(getattr(self, "robots", False)),
+            delay_configured=self.domain_delay_s != PacingSettings.domain_delay_s)
 
     def _check_pacing(self) -> None:
         check_not_negative(self, "domain_delay_s", "domain_max_in_flight", "domain_decrease_s",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from celery_zsched.config.load import check_not_negative, check_positive
+from celery_zsched.config.load import SETTING_PREFIX, check_not_negative, check_positive
+from celery_zsched.core.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,15 @@ class ScheduleSettings:
     #: Delivery deadline: seconds a published message may wait unstarted while a
     #: worker is alive before it is presumed lost by the broker and republished.
     delivery_timeout_s: float = 7200.0
-    #: Most occurrences published and not yet started (backpressure); past it,
-    #: due jobs wait in the schedule, not in the broker. 0: 10 x batch_size.
+    #: Most occurrences published and not yet started, all queues together (the
+    #: total cap of backpressure); past it, due jobs wait in the schedule, not in
+    #: the broker. 0: 10 x batch_size.
     max_queued: int = 0
+    #: Most occurrences of one queue published and not yet started (backpressure
+    #: per queue); past it, that queue's due jobs wait in the schedule, held back,
+    #: while beat keeps promoting the other queues' jobs. 0: a fifth of the total
+    #: cap, so five queues whose workers are all down leave it unreached.
+    queue_max_queued: int = 0
     #: Default ``jitter_s`` of jobs that do not set their own.
     max_jitter_s: float = 0.0
     #: Interval of jobs that give no timing at all (for example a bare URL row).
@@ -43,6 +50,14 @@ class ScheduleSettings:
     max_deliveries: int = 5
     #: Default ``misfire_grace_s``: skip a fire later than this. 0 never skips.
     misfire_grace_s: float = 0.0
+    #: Freshness target of adaptive-recrawl jobs that set none: the expected share
+    #: of time their copy equals the page (0-1, exclusive; see the Recrawl policy page).
+    freshness_target: float = 0.8
+    #: Adaptive-recrawl jobs take their interval from Cho's budget allocation: the
+    #: capacity planner spends each paced domain's capacity where it buys the most
+    #: freshness (a multiplier per domain, see the Recrawl policy page); a domain
+    #: without one yet falls back to the freshness target.
+    recrawl_allocation: bool = False
     #: Approximate cap of the settle event stream.
     events_maxlen: int = 100_000
     #: Approximate cap of each partition's audit stream (changes to jobs, see the
@@ -60,6 +75,12 @@ class ScheduleSettings:
         return self.max_queued or 10 * self.batch_size
 
     @property
+    def queue_bound(self) -> int:
+        """The per-queue backpressure bound in force (``queue_max_queued``, or a fifth
+        of ``queued_bound``)."""
+        return self.queue_max_queued or max(1, self.queued_bound // 5)
+
+    @property
     def heartbeat_s(self) -> float:
         """How often workers extend their execution leases: a third of the lease."""
         return self.lease_s / 3
@@ -69,4 +90,14 @@ class ScheduleSettings:
                        "default_interval_s", "retry_base_s", "retry_cap_s", "max_deliveries",
                        "events_maxlen", "import_chunk", "tombstone_ttl_s")
         check_not_negative(self, "max_jitter_s", "retry_max", "misfire_grace_s", "max_queued",
-                           "audit_maxlen")
+                           "queue_max_queued", "audit_maxlen")
+        if self.queue_max_queued > self.queued_bound:
+            # A queue's bound above the total cap could never be reached: say so
+            # rather than let the setting mean something it cannot.
+            raise ConfigurationError(
+                f"{SETTING_PREFIX}queue_max_queued ({self.queue_max_queued}) must not exceed "
+                f"the total cap {SETTING_PREFIX}max_queued ({self.queued_bound}"
+                f"{'' if self.max_queued else ': 10 x batch_size'})")
+        if not 0 < self.freshness_target < 1:
+            raise ConfigurationError(f"zsched_freshness_target: must be between 0 and 1 "
+                                     f"(exclusive), got {self.freshness_target!r}")

@@ -8,13 +8,17 @@ Redis time, and a skewed web server must not make an open gate look closed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from celery_zsched.core.domains import DomainInfo
+from celery_zsched.core.planner import DomainPlan
 from celery_zsched.core.timing import ms_to_dt
 
 #: Header of each column, in order.
 HEADERS: tuple[str, ...] = (
-    "DOMAIN", "DELAY NOW/CONF", "IN FLIGHT/CAP", "BREAKER", "CLOSED UNTIL", "LAST 429",
-    "COMPLETED", "FAILED", "429S", "HELD", "OVERRIDE",
+    "DOMAIN", "DELAY NOW/CONF", "DELAY FROM", "IN FLIGHT/CAP", "BREAKER", "CLOSED UNTIL",
+    "LAST 429", "COMPLETED", "FAILED", "429S", "HELD", "OVERRIDE", "DEMAND/CAPACITY A DAY",
+    "LATENESS",
 )
 
 
@@ -82,28 +86,58 @@ def override(info: DomainInfo) -> str:
     return "yes" if info.adaptive else "yes, fixed"
 
 
-def row(info: DomainInfo) -> tuple[str, ...]:
+def count(value: float) -> str:
+    """``950``, ``12.5k``, ``3.2M``: a number of fetches, short."""
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g}{unit}"
+    return f"{value:.3g}" if value < 10 else f"{value:.0f}"
+
+
+def demand(plan: DomainPlan | None) -> str:
+    """``12k/86.4k (14%)``, ``OVER 1.4x: 121k/86.4k``, ``950/unlimited``, or ``-`` (no jobs)."""
+    if plan is None:
+        return "-"
+    if plan.capacity_per_day is None:
+        return f"{count(plan.demand_per_day)}/unlimited"
+    cells = f"{count(plan.demand_per_day)}/{count(plan.capacity_per_day)}"
+    if plan.oversubscribed:
+        return f"OVER {plan.ratio:.2f}x: {cells}"
+    return f"{cells} ({plan.ratio:.0%})"
+
+
+def lateness(plan: DomainPlan | None) -> str:
+    """``~3m 20s`` per run when over-subscribed, else ``-``."""
+    if plan is None or not plan.oversubscribed:
+        return "-"
+    return f"~{span(round(plan.lateness_s * 1000))}"
+
+
+def row(info: DomainInfo, plan: DomainPlan | None = None) -> tuple[str, ...]:
     """The cells of one domain, in the order of :data:`HEADERS`."""
     return (
-        info.name, delay(info), cap(info), breaker(info),
+        info.name, delay(info), info.delay_source, cap(info), breaker(info),
         until(info.closed_until_ms, info.now_ms), ago(info.last_429_ms, info.now_ms),
         str(info.completed), str(info.failed), str(info.throttled_429), str(info.held),
-        override(info),
+        override(info), demand(plan), lateness(plan),
     )
 
 
-def as_json(info: DomainInfo) -> dict[str, object]:
-    """``info.as_dict()`` plus the times as ISO strings, for ``--json``."""
+def as_json(info: DomainInfo, plan: DomainPlan | None = None) -> dict[str, object]:
+    """``info.as_dict()`` plus the times as ISO strings and the plan, for ``--json``."""
     out: dict[str, object] = dict(info.as_dict())
     for key in ("breaker_until_ms", "closed_until_ms", "last_429_ms"):
         value = out.get(key)
         out[key.removesuffix("_ms")] = iso(value if isinstance(value, int) else None)
+    out["plan"] = plan.as_dict() if plan is not None else None
     return out
 
 
-def render(infos: list[DomainInfo]) -> list[str]:
+def render(infos: list[DomainInfo],
+           plans: Mapping[str, DomainPlan] | None = None) -> list[str]:
     """The listing as aligned text lines, header first."""
-    rows = [HEADERS, *(row(info) for info in infos)]
+    plans = plans or {}
+    rows = [HEADERS, *(row(info, plans.get(info.name)) for info in infos)]
     widths = [max(len(r[col]) for r in rows) for col in range(len(HEADERS))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip()
             for r in rows]

@@ -126,6 +126,13 @@ class DomainInfo:
     held: int
     overridden: bool
     now_ms: int
+    #: Where the configured delay comes from: ``override`` (the operator's),
+    #: ``robots`` (the site's Crawl-delay, above the setting), ``config`` (the
+    #: ``zsched_domain_delay_s`` setting) or ``default`` (its built-in value).
+    delay_source: str = "default"
+    #: The Crawl-delay of the domain's robots.txt, when one was read (and
+    #: ``zsched_robots`` is on).
+    robots_delay_s: float | None = None
 
     @property
     def throttled(self) -> bool:
@@ -143,7 +150,8 @@ def info_from(name: str, raw_state: str | bytes | None, raw_conf: str | bytes | 
     """Build a :class:`DomainInfo` from the two hash values Lua keeps (see ``_prelude.lua``)."""
     st: dict[str, Any] = json.loads(raw_state) if raw_state else {}
     conf: dict[str, Any] = json.loads(raw_conf) if raw_conf else {}
-    base_ms = float(conf.get("delay", defaults.delay_ms))
+    robots_ms = float(st["rd"]) if defaults.robots and st.get("rd") else None
+    base_ms, source = _base_delay(conf, defaults, robots_ms)
     adaptive = bool(conf.get("adaptive", True))
     current = max(base_ms, float(st.get("d") or 0)) if adaptive else base_ms
     breaker = {"open": "open", "half": "half-open"}.get(str(st.get("b") or ""), "closed")
@@ -163,7 +171,18 @@ def info_from(name: str, raw_state: str | bytes | None, raw_conf: str | bytes | 
         closed_until_ms=closed if closed and closed > now_ms else None,
         last_429_ms=opt("t4"), completed=int(st.get("tc") or 0), failed=int(st.get("tf") or 0),
         throttled_429=int(st.get("t4n") or 0), held=int(st.get("h") or 0),
-        overridden=bool(conf), now_ms=now_ms)
+        overridden=bool(conf), now_ms=now_ms, delay_source=source,
+        robots_delay_s=robots_ms / 1000 if robots_ms is not None else None)
+
+
+def _base_delay(conf: dict[str, Any], defaults: PacingDefaults,
+                robots_ms: float | None) -> tuple[float, str]:
+    # As domain_base in _prelude.lua: the override wins, then Crawl-delay as a floor.
+    if "delay" in conf:
+        return float(conf["delay"]), "override"
+    if robots_ms is not None and robots_ms > defaults.delay_ms:
+        return robots_ms, "robots"
+    return float(defaults.delay_ms), "config" if defaults.delay_configured else "default"
 
 
 @dataclass(frozen=True)
@@ -180,6 +199,10 @@ class PacingDefaults:
     breaker_min: int
     breaker_cooldown_ms: int
     start_margin_ms: int = 0
+    #: A robots.txt Crawl-delay is a floor under the delay (``zsched_robots``).
+    robots: bool = False
+    #: ``zsched_domain_delay_s`` was set to other than its built-in default.
+    delay_configured: bool = False
 
     def to_json(self) -> str:
         """The ARGV value every pacing-aware script reads (``pacing_config`` in the prelude)."""
@@ -187,5 +210,6 @@ class PacingDefaults:
             "delay": self.delay_ms, "cap": self.cap, "max": self.max_delay_ms,
             "factor": self.backoff, "dec": self.decrease_ms, "ratio": self.breaker_ratio,
             "window": self.breaker_window_ms, "min": self.breaker_min,
-            "cool": self.breaker_cooldown_ms, "margin": self.start_margin_ms},
+            "cool": self.breaker_cooldown_ms, "margin": self.start_margin_ms,
+            "robots": self.robots},
             separators=(",", ":"))

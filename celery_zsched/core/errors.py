@@ -134,10 +134,16 @@ class JobFailed(ZSchedError):
     For example an HTTP 429 with a ``Retry-After`` header:
     ``raise JobFailed("HTTP 429", status=429, retry_after=120)``. With pacing on,
     ``status`` and ``retry_after`` also slow down or close the job's domain.
+    ``changed``, ``signature``, ``etag`` and ``last_modified`` report what the
+    fetch saw of the page, as :func:`celery_zsched.worker.report` does.
     """
 
     def __init__(self, message: str, retry_after: float | None = None,
-                 status: int | None = None) -> None:
+                 status: int | None = None, *, changed: bool | None = None,
+                 signature: str | None = None, etag: str | None = None,
+                 last_modified: str | None = None) -> None:
         self.retry_after = retry_after
         self.status = status
+        self.changed, self.signature = changed, signature
+        self.etag, self.last_modified = etag, last_modified
         super().__init__(message)

@@ -55,6 +55,8 @@ def id_problem(job_id: Any) -> str | None:
     return None
 #: Who may run a job: Celery workers (through beat) or HTTP workers (the gateway).
 TRANSPORTS = ("celery", "http")
+#: How an interval job's interval is chosen: as written, or from its change rate.
+RECRAWL_MODES = ("fixed", "adaptive")
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 

@@ -70,6 +70,14 @@ class Job:
     #: Who runs it: ``celery`` (beat publishes it) or ``http`` (the job gateway
     #: hands it to a worker that long-polls ``GET /jobs/next``; beat never sees it).
     transport: str = "celery"
+    #: ``fixed`` (every ``interval_s``) or ``adaptive``: the interval follows the
+    #: page's estimated change rate, within [min_interval_s, max_interval_s], to
+    #: meet ``freshness_target`` (see :mod:`celery_zsched.core.recrawl`).
+    recrawl: str = "fixed"
+    min_interval_s: float | None = None
+    max_interval_s: float | None = None
+    #: Expected share of time the copy is fresh (0..1); default: the setting.
+    freshness_target: float | None = None
 
     # ------------------------------------------------------------------ build
     @classmethod

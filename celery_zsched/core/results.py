@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import Visit
 from celery_zsched.core.state import RuntimeState
 
 #: Namespace of the deterministic Celery task ids: uuid5(ns, "job:occurrence:attempt").
 TASK_ID_NAMESPACE = uuid.UUID("5b0c2f64-2c51-4f0e-9d0b-0d5c3f1e7a11")
 
 def task_id_for(job_id: str, occurrence: int, attempt: int) -> str:
-    """The Celery task id of one attempt of one occurrence; a redelivery reuses it."""
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{job_id}:{occurrence}:{attempt}"))
+    """The Celery task id of one attempt of one occurrence; a redelivery reuses it.
+
+    ``str(uuid.uuid5(TASK_ID_NAMESPACE, "job:occurrence:attempt"))``, written out:
+    beat names every message it publishes, and ``UUID`` objects cost more than the hash.
+    """
+    digest = hashlib.sha1(_NAMESPACE + f"{job_id}:{occurrence}:{attempt}".encode()).digest()
+    value = int.from_bytes(digest[:16], "big") & _VERSION_MASK | _VERSION_5
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+_NAMESPACE = TASK_ID_NAMESPACE.bytes
+#: The bits a version 5 UUID sets: its version (4 bits) and the RFC 4122 variant (2 bits).
+_VERSION_MASK = ~((0xF000 << 64) | (0xC000 << 48))
+_VERSION_5 = (5 << 76) | (0x8000 << 48)
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,12 @@ class Claimed:
     #: lease token carries it (fencing). 0 for beat's claims: a worker's start
     #: numbers the execution instead.
     fence: int = 0
+    #: Where it was claimed, as ``"index@layout"`` (``""``: placed by id, which needs
+    #: no hint): the worker finds the job's partition without the directory.
+    partition: str = ""
+    #: The last visit's ``etag``, ``last_modified`` and ``signature`` (those stored):
+    #: what a conditional fetch sends.
+    validators: dict[str, str] = field(default_factory=dict)
 
     @property
     def task_id(self) -> str:
@@ -51,9 +72,13 @@ class Claimed:
             # that was made (1..publishes), so a forged or stray message never runs.
             "zsched_delivery": self.deliveries,
         }
+        if self.partition:
+            headers["zsched_partition"] = self.partition
         if self.job.expires_s is not None:
             # Checked by the worker's start against Redis' clock, never a host's.
             headers["zsched_expires_ms"] = round(self.job.expires_s * 1000)
+        for name, value in self.validators.items():
+            headers[f"zsched_{name}"] = value
         return headers
 
 
@@ -70,11 +95,13 @@ class ClaimBatch:
     room: int = 1
     #: Due jobs pacing held back (moved to their domain's next free slot).
     held: int = 0
+    #: Due jobs held back because their queue was at its bound (backpressure per queue).
+    queue_held: int = 0
 
     @property
     def taken(self) -> int:
         """Due jobs this claim dealt with: claimed or held back."""
-        return len(self.jobs) + self.held
+        return len(self.jobs) + self.held + self.queue_held
 
 
 def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
@@ -85,7 +112,8 @@ def merge_batches(batches: Iterable[ClaimBatch]) -> ClaimBatch:
     leases = [b.next_lease_ms for b in parts if b.next_lease_ms is not None]
     return ClaimBatch(max((b.now_ms for b in parts), default=0), min(dues, default=None),
                       min(leases, default=None), [j for b in parts for j in b.jobs],
-                      sum(b.room for b in parts), sum(b.held for b in parts))
+                      sum(b.room for b in parts), sum(b.held for b in parts),
+                      sum(b.queue_held for b in parts))
 
 
 @dataclass(frozen=True)
@@ -122,6 +150,12 @@ class ImportReport:
     #: Versioned rows not written because Redis holds a newer version of the job
     #: (or of its delete): see ``versions`` of :meth:`Store.upsert_many`.
     stale: int = 0
+    #: Rows not written because their new domain moves the job to another partition
+    #: while an occurrence of it is in flight (pacing on several partitions):
+    #: store them again once it has settled.
+    deferred: int = 0
+    #: The ids of those rows.
+    deferred_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -238,6 +272,27 @@ class SettleResult:
     breaker_opened: str | None = None
     #: The definition the settle read (``None`` for a deleted job).
     job: Job | None = None
+
+
+@dataclass(frozen=True)
+class SettleReport:
+    """One outcome to settle: what :meth:`Store.settle` takes, as a value
+    (:meth:`Store.settle_many` takes many)."""
+
+    job_id: str
+    occurrence: int
+    attempt: int
+    #: ``complete`` | ``error`` | ``skip``.
+    outcome: str
+    error: str = ""
+    retry_after_s: float | None = None
+    #: The run's timings, recorded with the settle event.
+    event: dict[str, Any] | None = None
+    http_status: int | None = None
+    fence: int | None = None
+    delivery: int | None = None
+    #: What the fetch saw of the page (change-aware recrawl), if it said.
+    visit: Visit | None = None
 
 
 @dataclass(frozen=True)

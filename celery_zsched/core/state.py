@@ -52,7 +52,7 @@ class RuntimeState:
         "c", "errors since the last success"))
     last_error: str | None = field(default=None, metadata=_wire("e", "the last error text"))
     last_outcome: str | None = field(default=None, metadata=_wire(
-        "ls", "complete | retrying | error | skipped, of the last settle"))
+        "ls", "complete | retrying | error | skipped | blocked_by_robots, of the last settle"))
     last_settled_ms: int | None = field(default=None, metadata=_wire(
         "l", "when the last settle happened, on Redis' clock (the job's last run)"))
     timing_signature: str | None = field(default=None, metadata=_wire(
@@ -77,6 +77,29 @@ class RuntimeState:
     task: str | None = field(default=None, metadata=_wire(
         "tk", "the task name the queued message was published under (start refuses "
               "another)"))
+    queue_bucket: str | None = field(default=None, metadata=_wire(
+        "bq", "the queue whose backpressure count a claim put this occurrence in (the "
+              "job's queue field; \"\": none); it leaves that count when it leaves queued"))
+    visits: float | None = field(default=None, metadata=_wire(
+        "hv", "visits that reported whether the page changed, exponentially decayed "
+              "(core.recrawl)"))
+    changes: float | None = field(default=None, metadata=_wire(
+        "hx", "of those visits, the ones that saw a change (decayed alike)"))
+    covered_s: float | None = field(default=None, metadata=_wire(
+        "ht", "seconds those visits covered, each since the visit before it (decayed alike)"))
+    last_visit_ms: int | None = field(default=None, metadata=_wire(
+        "hl", "when the last visit that reported a change or not settled (Redis' clock)"))
+    last_change_ms: int | None = field(default=None, metadata=_wire(
+        "hc", "when a visit last saw a change (Redis' clock)"))
+    recrawl_interval_ms: int | None = field(default=None, metadata=_wire(
+        "ri", "the interval an adaptive job's last regular settle chose (ms)"))
+    etag: str | None = field(default=None, metadata=_wire(
+        "et", "the ETag the last visit reported (for If-None-Match)"))
+    last_modified: str | None = field(default=None, metadata=_wire(
+        "lm", "the Last-Modified the last visit reported (for If-Modified-Since)"))
+    signature: str | None = field(default=None, metadata=_wire(
+        "sg", "the content signature the last visit reported (a hash): the next one "
+              "that differs is a change"))
     version: int | None = field(default=None, metadata=_wire(
         "v", "version of the last versioned write (the Django outbox): an older one is "
              "refused (absent: never written with one)"))

@@ -17,6 +17,7 @@ from celery_zsched.core.fields import (
     MAX_JSON_CHARS,
     MAX_LEN,
     NUL_ESCAPE,
+    RECRAWL_MODES,
     SURROGATE,
     TIME_FIELDS,
     TRANSPORTS,
@@ -72,9 +73,36 @@ def parse_fields(data: Mapping[str, Any], defaults: Defaults, known: frozenset[s
         retry_base_s=check.number(values, "retry_base_s", minimum=0.001),
         domain=_domain(values),
         transport=_transport(values),
+        **_recrawl(values, interval, cron),
     )
     _check_serialisable(fields)
     return fields
+
+
+def _recrawl(values: Mapping[str, Any], interval: float | None,
+             cron: str | None) -> dict[str, Any]:
+    raw = values.get("recrawl", "fixed")
+    mode = raw.strip().lower() if isinstance(raw, str) else raw
+    if mode not in RECRAWL_MODES:
+        raise ValidationError("recrawl", raw,
+                              'must be "fixed" (every interval_s) or "adaptive" (follows the '
+                              "page's change rate)")
+    if mode == "adaptive" and interval is None:
+        kind = "a cron job keeps its slots" if cron else "a one-off job runs once"
+        raise ValidationError("recrawl", raw, f"adaptive needs an interval job ({kind})")
+    low = check.number(values, "min_interval_s", minimum=0.001)
+    high = check.number(values, "max_interval_s", minimum=0.001)
+    if low is not None and high is not None and high < low:
+        raise ValidationError("max_interval_s", values["max_interval_s"],
+                              f"must be at least min_interval_s ({low:g})")
+    target = values.get("freshness_target")
+    if target is not None:
+        target = check.number(values, "freshness_target", minimum=0.0)
+        if target is None or not 0 < target < 1:
+            raise ValidationError("freshness_target", values["freshness_target"],
+                                  "must be a share between 0 and 1 (exclusive), e.g. 0.9")
+    return {"recrawl": str(mode), "min_interval_s": low, "max_interval_s": high,
+            "freshness_target": target}
 
 
 def _transport(values: Mapping[str, Any]) -> str:

@@ -7,7 +7,8 @@ prefork pool, worker restarts and any number of hosts without a per-process
 registry or a ``PROMETHEUS_MULTIPROC_DIR``.
 
 A scrape costs two round trips: ``TIME`` (with the Django outbox's report),
-then one pipeline over every partition; with pacing on, the domain hashes are
+then one pipeline over every partition (with a random sample of job states for
+the fleet's freshness: :mod:`celery_zsched.metrics.recrawl`); with pacing on, the domain hashes are
 scanned too (``HSCAN``, one round trip per few hundred domains). No label grows
 with the number of jobs; per-domain series exist only for the ``top_domains``
 worst domains.
@@ -36,7 +37,10 @@ from prometheus_client.registry import Collector
 
 from celery_zsched.core.domains import DomainInfo
 from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.planner import DomainPlan
 from celery_zsched.core.results import OutboxReport
+from celery_zsched.metrics import recrawl
+from celery_zsched.services import planner
 from celery_zsched.store import Store
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys
@@ -53,7 +57,7 @@ EVENTS_PER_SCRAPE = 10_000
 #: Job states, as the store's sets and sorted sets hold them.
 STATES = ("scheduled", "queued", "running", "paused", "dead")
 #: Settle outcomes, as the counters hash names them.
-OUTCOMES = ("complete", "error", "retrying", "skipped")
+OUTCOMES = ("complete", "error", "retrying", "skipped", "blocked_by_robots")
 #: Further counters of the counters hash: (hash field, metric name, help).
 COUNTERS = (
     ("promoted", "zsched_promoted", "Occurrences promoted by every beat (claimed for publish)."),
@@ -64,6 +68,8 @@ COUNTERS = (
     ("duplicates", "zsched_duplicate_deliveries", "Duplicate deliveries a worker dropped."),
     ("deferred", "zsched_deferred_starts", "Starts a worker deferred (domain pacing)."),
     ("held", "zsched_domain_holds", "Due jobs a claim held back for their domain's pacing."),
+    ("queue_held", "zsched_queue_holds",
+     "Due jobs a claim held back because their queue was at its backpressure bound."),
     ("orphaned", "zsched_orphaned_messages",
      "Messages a worker received, then died holding unstarted: republished one lease later."),
     ("unpublished", "zsched_unpublished_claims",
@@ -110,6 +116,7 @@ class StoreCollector(Collector):
         # Scrapes may run in parallel (threaded server); the cursors and the
         # histogram must advance once per event.
         self._lock = threading.Lock()
+        self._planner: threading.Thread | None = None
 
     def describe(self) -> Iterable[Metric]:
         # Nothing: registering must not touch Redis (the default would collect).
@@ -146,8 +153,15 @@ class StoreCollector(Collector):
         totals = dict.fromkeys((*names, "expired", "http_due"), 0)
         oldest: int | None = None
         counters: dict[str, int] = {}
+        queues: dict[str, list[int]] = {}
+        samples = []
         for part, reply in enumerate(replies):
-            *counts, first, expired, hash_, events, http_waiting, http_due = reply
+            (*counts, first, expired, hash_, events, http_waiting, http_due, flights,
+             held, sample) = reply
+            samples.append(sample)
+            for column, per_queue in enumerate((flights, held)):
+                for queue, n in (per_queue or {}).items():
+                    queues.setdefault(str(queue), [0, 0])[column] += max(0, int(n))
             for name, value in zip(names, counts, strict=True):
                 totals[name] += int(value)
             # HTTP jobs are jobs like any: scheduled counts them; their own
@@ -163,13 +177,38 @@ class StoreCollector(Collector):
         yield from self._job_families(totals, now - oldest if oldest is not None else 0)
         yield from self._outbox_families(outbox)
         yield from self._counter_families(counters)
+        yield from self._queue_families(queues)
+        yield from recrawl.fleet_families(recrawl.sample_states(samples))
         yield self.start_lag.family(
             "zsched_start_lag_seconds",
             "Task start minus due time, from settle events read since the exporter started.")
         if store.settings.pacing:
             with redis_unavailable():
                 domains = store.domains()
+                shared, due = planner.shared(store)
+            if due:
+                self._replan()
             yield from self._domain_families(domains)
+            plans: list[DomainPlan] = []
+            if shared is not None:
+                with redis_unavailable():
+                    _infos, by_name, _ = planner.domain_plans(store, domains, result=shared)
+                plans = list(by_name.values())
+            yield from self._planner_families(plans, outbox.now_ms, shared)
+
+    def _replan(self) -> None:
+        """Recompute the planner's demand in the background: a scan of a large store
+        takes seconds, longer than a scrape should (the next scrapes show it)."""
+        if self._planner is not None and self._planner.is_alive():
+            return
+
+        def run() -> None:
+            try:
+                planner.demand(self.store)
+            except (StoreUnavailable, redis.RedisError) as exc:
+                logger.warning("zsched exporter: the capacity planner's scan failed: %s", exc)
+        self._planner = threading.Thread(target=run, name="zsched-planner", daemon=True)
+        self._planner.start()
 
     def _queue(self, pipe: Any, keys: Keys, now: int) -> None:
         """Queue one partition's reads (their order is unpacked in :meth:`_read`)."""
@@ -192,6 +231,9 @@ class StoreCollector(Collector):
             pipe.xrange(keys.events, min=f"({cursor}", count=EVENTS_PER_SCRAPE)
         pipe.zcard(keys.http_schedule)
         pipe.zcount(keys.http_schedule, "-inf", now)
+        pipe.hgetall(keys.queue_in_flight)
+        pipe.hgetall(keys.queue_held)
+        pipe.hrandfield(keys.state, recrawl.SAMPLE, withvalues=True)
 
     def _advance(self, part: int, events: Sequence[tuple[str, dict[str, str]]]) -> None:
         """Move partition ``part``'s cursor past ``events``, observing their start lag."""
@@ -229,6 +271,27 @@ class StoreCollector(Collector):
                                 value=totals["expired"])
         yield GaugeMetricFamily("zsched_dead_letters", "Dead letters waiting for an operator.",
                                 value=totals["dead"])
+
+    def _queue_families(self, queues: dict[str, list[int]]) -> Iterator[Metric]:
+        settings = self.store.settings
+        flight = GaugeMetricFamily(
+            "zsched_queue_in_flight",
+            "Occurrences of a queue published and not started (its backpressure count; "
+            'queue "": jobs that name none).', labels=["queue"])
+        held = GaugeMetricFamily(
+            "zsched_queue_held_back",
+            "Due jobs of a queue held back in the schedule because the queue was at its "
+            "bound.", labels=["queue"])
+        for queue, (n_flight, n_held) in sorted(queues.items()):
+            flight.add_metric([queue], n_flight)
+            held.add_metric([queue], n_held)
+        yield from (flight, held)
+        yield GaugeMetricFamily("zsched_queue_bound",
+                                "Most occurrences of one queue published and not started.",
+                                value=settings.queue_bound)
+        yield GaugeMetricFamily("zsched_queued_cap",
+                                "Most occurrences published and not started, all queues.",
+                                value=settings.queued_bound)
 
     @staticmethod
     def _outbox_families(report: OutboxReport) -> Iterator[Metric]:
@@ -283,6 +346,33 @@ class StoreCollector(Collector):
             in_flight.add_metric([d.name], d.in_flight)
             breaker.add_metric([d.name], int(d.breaker != "closed"))
         yield from (delay, in_flight, breaker)
+
+    def _planner_families(self, plans: Sequence[DomainPlan], now_ms: int,
+                          demand: planner.Demand | None) -> Iterator[Metric]:
+        # Before the first scan finished (demand None), no domain is known to be over.
+        over = [p for p in plans if p.oversubscribed]
+        yield GaugeMetricFamily("zsched_domains_oversubscribed",
+                                "Domains whose jobs ask for more fetches a day than their "
+                                "pacing allows (capacity planner).", value=len(over))
+        if demand is not None:
+            yield GaugeMetricFamily(
+                "zsched_planner_age_seconds",
+                "Age of the capacity planner's last scan of the schedule.",
+                value=max(0, now_ms - demand.computed_ms) / 1000.0)
+        # The highest ratios only: the label set stays bounded however many domains.
+        top = sorted(plans, key=lambda p: (-p.ratio, p.name))[:self.top_domains]
+        ratio = GaugeMetricFamily("zsched_domain_demand_ratio",
+                                  "Fetches a day a domain's jobs ask for over those its pacing "
+                                  "allows (>1: over-subscribed), for the top domains.",
+                                  labels=["domain"])
+        lateness = GaugeMetricFamily("zsched_domain_lateness_seconds",
+                                     "Estimated lateness of each run of an over-subscribed "
+                                     "domain (steady state; 0 when it keeps up).",
+                                     labels=["domain"])
+        for p in top:
+            ratio.add_metric([p.name], p.ratio)
+            lateness.add_metric([p.name], p.lateness_s)
+        yield from (ratio, lateness)
 
 
 def _start_lag_s(fields: dict[str, str]) -> float | None:

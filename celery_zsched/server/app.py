@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from celery_zsched.config import api_token_scopes
-from celery_zsched.server import gateway, handlers, imports, jobs
+from celery_zsched.server import gateway, gateway_batch, handlers, imports, jobs
 from celery_zsched.server.auth import Tokens, require
 from celery_zsched.server.dispatcher import Dispatcher
 from celery_zsched.server.edge import BodyGuard, limits_for
@@ -65,6 +65,7 @@ def create_app(store: Store, *, sender: Any = None, writer: JobWriter | None = N
         timeout_s=settings.gateway_timeout_s, lease_s=settings.gateway_lease_s, sender=sender,
         max_polls=limits.max_polls)
     app.include_router(gateway.router)
+    app.include_router(gateway_batch.router)
     app.include_router(imports.router)
     app.include_router(jobs.router)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,10 @@ class HeartbeatReport(_Strict):
 EPOCH_MS_MIN, EPOCH_MS_MAX = 946_684_800_000, 4_102_444_800_000
 
 
+# Printable ASCII: a validator goes back out in an HTTP header.
+_PRINTABLE = r"^[\x20-\x7e]+$"
+
+
 class CompleteReport(HeartbeatReport):
     """``POST /jobs/{id}/complete``: the lease, and the times it was handed out with."""
 
@@ -44,18 +48,50 @@ class CompleteReport(HeartbeatReport):
     picked_up_at: int | None = Field(
         None, ge=EPOCH_MS_MIN, le=EPOCH_MS_MAX,
         description="Echo of the job's picked_up_at (epoch ms, Redis' clock).")
+    status: int | None = Field(None, ge=100, le=599,
+                               description="HTTP status the target answered (feeds pacing; "
+                                           "a 304 is a visit without change).")
+    changed: bool | None = Field(
+        None, description="Whether the page changed since the last visit (a 304: false). "
+                          "Feeds change-aware recrawl.")
+    signature: str | None = Field(
+        None, min_length=1, max_length=128, pattern=_PRINTABLE,
+        description="A hash of the content: one unlike the last visit's is a change.")
+    etag: str | None = Field(None, min_length=1, max_length=512, pattern=_PRINTABLE,
+                             description="The ETag answered, for the next If-None-Match.")
+    last_modified: str | None = Field(
+        None, min_length=1, max_length=64, pattern=_PRINTABLE,
+        description="The Last-Modified answered, for the next If-Modified-Since.")
 
 
 class ErrorReport(CompleteReport):
     """``POST /jobs/{id}/error``: what went wrong, and what the target answered."""
 
     error: str = Field(min_length=1, max_length=2000, description="What went wrong.")
-    status: int | None = Field(None, ge=100, le=599,
-                               description="HTTP status the target answered (feeds pacing).")
     retry_after: float | None = Field(
         None, ge=0, le=86400 * 7,
         description="Seconds the target asked to wait (its Retry-After): the retry waits "
                     "this long, and with pacing on its domain does too.")
+
+
+#: Most jobs one poll takes (``?max=``), and most reports one batch report carries.
+MAX_BATCH = 100
+
+
+class ReportItem(ErrorReport):
+    """One report of a batch: a job id, its outcome, and that outcome's report fields
+    (``error``, ``status`` and ``retry_after`` only with ``error``)."""
+
+    id: str = Field(min_length=1, max_length=200, description="The job's id.")
+    outcome: Literal["complete", "error"]
+    error: str = Field("", max_length=2000, description="What went wrong (outcome error: "
+                                                        "required).")
+
+
+class BatchReport(_Strict):
+    """``POST /jobs/report``: the reports, each as a single report would send it."""
+
+    reports: list[ReportItem] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:

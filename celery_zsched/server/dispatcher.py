@@ -1,8 +1,9 @@
 """The long-poll hand-out: one dispatcher per server process.
 
-Pollers wait in line per queue filter. The dispatcher claims as many due
-jobs as there are pollers waiting (one atomic claim per filter, the same
-script as beat's), hands one to each, and otherwise sleeps: until the first
+Pollers wait in line per queue filter, each for up to ``want`` jobs (``?max=``).
+The dispatcher claims as many due jobs as the pollers waiting want (one atomic
+claim per filter, the same script as beat's), hands each its share in line
+order, and otherwise sleeps: until the first
 HTTP job due in the future, or until a wake-up on the store's ``http_wake``
 channel (an upsert, settle, run-now or reap that made a job due sooner), or
 until a new poller arrives. There is no polling loop: an idle server makes
@@ -61,10 +62,11 @@ class StoreDown(Exception):
 
 @dataclass(eq=False)
 class Waiter:
-    """One long-poll waiting for a job of ``queue`` ("" = any)."""
+    """One long-poll waiting for up to ``want`` jobs of ``queue`` ("" = any)."""
 
     queue: str
-    future: asyncio.Future[Claimed]
+    future: asyncio.Future[list[Claimed]]
+    want: int = 1
     #: Withdrawn by its poller: the dispatcher must not hand it a job.
     closed: bool = False
 
@@ -74,7 +76,8 @@ class _Line:
     waiters: deque[Waiter] = field(default_factory=deque)
 
     def open(self) -> int:
-        return sum(1 for w in self.waiters if not w.closed)
+        """Jobs the open waiters want (one each, or their ``max``)."""
+        return sum(w.want for w in self.waiters if not w.closed)
 
 
 @dataclass(frozen=True)
@@ -188,24 +191,25 @@ class Dispatcher:
             await asyncio.to_thread(self._listener.join, 5.0)
 
     # -------------------------------------------------------------- polling
-    def enter(self, queue: str) -> Waiter:
-        """Join the line for ``queue``; raises :class:`ShuttingDown` or :class:`StoreDown`."""
+    def enter(self, queue: str, want: int = 1) -> Waiter:
+        """Join the line for up to ``want`` jobs of ``queue``; raises
+        :class:`ShuttingDown` or :class:`StoreDown`."""
         if self.closing:
             raise ShuttingDown()
         if self.down:
             raise StoreDown(self.backoff_s)
         loop = asyncio.get_running_loop()
-        waiter = Waiter(queue, loop.create_future())
+        waiter = Waiter(queue, loop.create_future(), max(1, want))
         self.lines.setdefault(queue, _Line()).waiters.append(waiter)
         self.polls += 1
         self._poke.set()
         return waiter
 
-    def withdraw(self, waiter: Waiter) -> Claimed | None:
-        """Leave the line; the job handed to ``waiter`` if one was (exceptions re-raised).
+    def withdraw(self, waiter: Waiter) -> list[Claimed]:
+        """Leave the line; the jobs handed to ``waiter``, if any (exceptions re-raised).
 
         After this the dispatcher never hands ``waiter`` anything: the caller
-        owns the job returned, and must answer with it or :meth:`give_back` it.
+        owns the jobs returned, and must answer with them or :meth:`give_back` them.
         """
         if not waiter.closed:
             self.polls -= 1
@@ -218,7 +222,7 @@ class Dispatcher:
                 del self.lines[waiter.queue]
         if not waiter.future.done():
             waiter.future.cancel()
-            return None
+            return []
         return waiter.future.result()
 
     def give_back(self, jobs: Sequence[Claimed]) -> None:
@@ -295,14 +299,16 @@ class Dispatcher:
         return soonest
 
     def _hand_out(self, queue: str, jobs: Sequence[Claimed]) -> list[Claimed]:
-        """Give each open waiter of ``queue`` one job; the jobs nobody took."""
+        """Give each open waiter of ``queue``, in line order, up to the jobs it wants;
+        the jobs nobody took."""
         line = self.lines.get(queue)
         left = list(jobs)
         while left and line is not None and line.waiters:
             waiter = line.waiters.popleft()
             if waiter.closed or waiter.future.done():
                 continue
-            waiter.future.set_result(left.pop(0))
+            share, left = left[:waiter.want], left[waiter.want:]
+            waiter.future.set_result(share)
         return left
 
     async def _sleep(self, seconds: float | None) -> None:

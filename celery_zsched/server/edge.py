@@ -5,7 +5,8 @@ forever: idle sockets opened by anyone who can reach the port exhaust the fds,
 and accept() then fails for everyone (EMFILE). uvicorn's ``limit_concurrency``
 does not help (it answers 503 to requests, but keeps the connections), nor does
 its keep-alive timeout (it runs only after a first answer, and any byte stops it).
-So the HTTP protocol here is uvicorn's h11 protocol with four additions:
+So the HTTP protocol here is uvicorn's (h11's, or httptools' when it is installed:
+the ``standard`` extra; see :func:`guarded_protocol`) with five additions:
 
 - **a connection cap** (``zsched_http_max_connections``; by default the soft fd
   limit minus :data:`FD_RESERVE`): a connection past it closes the *oldest idle*
@@ -17,6 +18,8 @@ So the HTTP protocol here is uvicorn's h11 protocol with four additions:
   however slowly its bytes trickle in (slowloris);
 - **a body timeout** (``zsched_http_body_timeout_s``): the longest pause between
   two reads of a request body (not counted while the app is the one not reading);
+- a request head (request line and headers) of at most :data:`MAX_HEAD_BYTES`,
+  as h11 has on its own and httptools has not;
 - a listen backlog of :data:`BACKLOG`, which bounds how many sockets one event
   loop tick accepts before the cap can close the extra ones.
 
@@ -36,7 +39,7 @@ import resource
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -56,6 +59,9 @@ FD_RESERVE = 64 + 4 * BACKLOG
 MAX_AUTO_CONNECTIONS = 4096
 #: Fewest connections the server runs with (an fd limit too low for the reserve).
 MIN_CONNECTIONS = 16
+#: Largest request head (request line and headers): h11's own limit, which
+#: httptools lacks, so the guard keeps it on either parser.
+MAX_HEAD_BYTES = 16 * 1024
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -108,8 +114,22 @@ _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: 
             + str(len(_REFUSED)).encode() + b"\r\n\r\n" + _REFUSED)
 
 
-class GuardedProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a connection cap, and header and body timeouts.
+# Both of uvicorn's protocols keep a request's state in the same attributes (cycle,
+# flow, connections, transport, loop): one guard serves either. Type-checked
+# against the h11 one.
+if TYPE_CHECKING:
+    _Protocol = H11Protocol
+else:
+    _Protocol = object
+
+
+_HEAD_TOO_LARGE = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                   b"Connection: close\r\nContent-Length: 30\r\n\r\n"
+                   b"Invalid HTTP request received.")
+
+
+class GuardedProtocol(_Protocol):
+    """A connection cap, and header and body timeouts, for one of uvicorn's protocols.
 
     A subclass per server (:func:`guarded_protocol`) holds its limits and its idle
     connections, oldest first.
@@ -119,10 +139,14 @@ class GuardedProtocol(H11Protocol):
     idle: ClassVar[OrderedDict[GuardedProtocol, None]]
     #: Connections closed by the cap or a timeout (for logs and tests).
     evicted: ClassVar[dict[str, int]]
+    #: The HTTP parser underneath: ``h11`` or ``httptools``.
+    parser: ClassVar[str]
 
     _timer: asyncio.TimerHandle | None = None
     _phase = "head"
     _seen: object = None
+    #: Bytes received since the current request head began.
+    _head_bytes = 0
 
     # ------------------------------------------------------------- events
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -136,6 +160,15 @@ class GuardedProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._track(data_arrived=True)
+        if self._phase == "head" and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                # The answer h11 gives past its limit, then no more reading.
+                self._count("head too large")
+                self.idle.pop(self, None)
+                self._cancel()
+                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -166,6 +199,7 @@ class GuardedProtocol(H11Protocol):
 
     def _enter(self, phase: str) -> None:
         self._phase = phase
+        self._head_bytes = 0
         if phase == "head":
             # The newest idle connection goes last: eviction takes the oldest first.
             self.idle.pop(self, None)
@@ -214,10 +248,31 @@ class GuardedProtocol(H11Protocol):
         self.evicted[what] = self.evicted.get(what, 0) + 1
 
 
-def guarded_protocol(limits: Limits) -> type[GuardedProtocol]:
-    """A protocol class for one server: its limits, its own idle connections and counts."""
-    return type("ZschedHTTPProtocol", (GuardedProtocol,),
-                {"limits": limits, "idle": OrderedDict(), "evicted": {}})
+def http_parsers() -> tuple[str, ...]:
+    """The HTTP parsers this process can serve with, the fastest first."""
+    try:
+        import httptools  # noqa: F401  (the standard extra)
+    except ImportError:
+        return ("h11",)
+    return ("httptools", "h11")
+
+
+def guarded_protocol(limits: Limits, http: str = "auto") -> type[GuardedProtocol]:
+    """A protocol class for one server: its limits, its own idle connections and counts.
+
+    ``http``: uvicorn's protocol to guard, ``h11`` or ``httptools`` (``auto``: the
+    fastest installed, :func:`http_parsers`).
+    """
+    parser = http_parsers()[0] if http == "auto" else http
+    if parser not in http_parsers():
+        raise ValueError(f"http parser {http!r} is not installed (choose from "
+                         f"{', '.join(http_parsers())})")
+    base: type[Any] = H11Protocol
+    if parser == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        base = HttpToolsProtocol
+    return type("ZschedHTTPProtocol", (GuardedProtocol, base),
+                {"limits": limits, "idle": OrderedDict(), "evicted": {}, "parser": parser})
 
 
 # ----------------------------------------------------------------- ASGI

@@ -11,6 +11,7 @@ from starlette.routing import Match
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.server.bodies import pydantic_fields
 from celery_zsched.server.problems import Problem, bad_fields
+from celery_zsched.store.moves import MoveDeferred
 
 #: Retry-After of a 503 when a report or heartbeat found Redis unreachable.
 STORE_RETRY_S = 2
@@ -52,6 +53,13 @@ def install(app: FastAPI) -> None:
         found = [("request" if f == "body" else f, m) for f, m in pydantic_fields(
             exc.errors(), skip=("query", "path", "body", "header"))]
         return bad_fields(found).response()
+
+    @app.exception_handler(MoveDeferred)
+    async def deferred(_: Request, exc: MoveDeferred) -> JSONResponse:
+        # The new domain moves the job to another partition, which waits for its
+        # occurrence in flight to settle: nothing was written.
+        return Problem(409, "conflict", str(exc), field="domain",
+                       headers={"Retry-After": "5"}).response()
 
     @app.exception_handler(StoreUnavailable)
     async def unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:

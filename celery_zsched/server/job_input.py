@@ -58,6 +58,13 @@ class JobFields(BaseModel):
     domain: str | None = Field(None, description="Pace under this domain, not the URL's host.")
     transport: Literal["celery", "http"] | None = Field(
         None, description="celery: beat publishes it; http: the job gateway hands it out.")
+    recrawl: Literal["fixed", "adaptive"] | None = Field(
+        None, description="fixed: every interval_s; adaptive: the interval follows the "
+                          "page's estimated change rate (interval jobs only).")
+    min_interval_s: float | None = Field(None, description="Shortest adaptive interval.")
+    max_interval_s: float | None = Field(None, description="Longest adaptive interval.")
+    freshness_target: float | None = Field(
+        None, gt=0, lt=1, description="Share of time an adaptive job's copy should be fresh.")
 
 
 class JobPatch(JobFields):

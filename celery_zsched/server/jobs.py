@@ -86,7 +86,7 @@ async def read_job(store: Store, job_id: str) -> tuple[JobInfo, bool]:
 async def view(store: Store, job_id: str, *, fires: int = 0) -> JobView:
     """The current view of ``job_id`` (re-read after a change)."""
     info, static = await read_job(store, job_id)
-    now = await asyncio.to_thread(store.now_ms) if fires else None
+    now = await asyncio.to_thread(store.now_ms)
     return job_view(store, info, static=static, fires=fires, now_ms=now)
 
 
@@ -196,7 +196,8 @@ async def list_jobs(
     except ValidationError as exc:
         raise bad_field(exc.field, exc.message) from None
     static = await asyncio.to_thread(_static_flags, store, [i.job.id for i in page.items])
-    items = [job_view(store, info, static=flag)
+    now = await asyncio.to_thread(store.now_ms)
+    items = [job_view(store, info, static=flag, now_ms=now)
              for info, flag in zip(page.items, static, strict=True)]
     return JSONResponse(JobPage(items=items, next_cursor=page.next_cursor)
                         .model_dump(mode="json"))

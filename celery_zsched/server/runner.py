@@ -37,6 +37,19 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def event_loop(loop: str = "auto") -> str:
+    """uvicorn's name of the event loop ``loop`` means: ``auto`` is uvloop when it is
+    installed (the ``standard`` extra), else asyncio; ``ValueError`` if not installed."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if loop == "uvloop":
+            raise ValueError("event loop 'uvloop' is not installed: pip install "
+                             "'celery-zsched[server]' (uvicorn[standard])") from None
+        return "asyncio"
+    return "uvloop" if loop == "auto" else loop
+
+
 def _log_events(level: str) -> None:
     """Send celery-zsched's structured events (job_complete, job_error, ...) to stderr.
 
@@ -53,30 +66,38 @@ def _log_events(level: str) -> None:
 
 
 def serve(store: Store, host: str, port: int, *, log_level: str = "info",
-          sender: Any = None, writer: JobWriter | None = None) -> None:
+          sender: Any = None, writer: JobWriter | None = None, loop: str = "auto",
+          http: str = "auto") -> None:
     """Run the server on ``host:port`` until a signal stops it.
 
     ``sender``: the Celery app, whose notifiers hear the server's settles and reaps.
     ``writer``: where the management API's changes go (default: the store).
+    ``loop`` (``auto``, ``asyncio``, ``uvloop``) and ``http`` (``auto``, ``h11``,
+    ``httptools``): the event loop and HTTP parser; ``auto`` takes uvloop and
+    httptools when they are installed (the ``standard`` extra).
     """
     _log_events(log_level)
     app = create_app(store, sender=sender, writer=writer)
-    config = server_config(app, host, port, log_level=log_level)
+    config = server_config(app, host, port, log_level=log_level, loop=loop, http=http)
     _Server(config, app.state.gateway.dispatcher.begin_shutdown_threadsafe).run()
 
 
-def server_config(app: FastAPI, host: str, port: int, **options: Any) -> uvicorn.Config:
+def server_config(app: FastAPI, host: str, port: int, *, loop: str = "auto",
+                  http: str = "auto", **options: Any) -> uvicorn.Config:
     """uvicorn's configuration of ``app`` (made by :func:`create_app`): its guarded
-    protocol (connection cap, header and body timeouts) and keep-alive timeout."""
+    protocol (connection cap, header and body timeouts) on the ``http`` parser, the
+    ``loop`` (see :func:`serve`) and the keep-alive timeout."""
     limits: Limits = app.state.limits
+    protocol = guarded_protocol(limits, http)
+    loop = event_loop(loop)
     logger.info("zsched serve: at most %d connections and %d long-polls; header timeout "
-                "%gs, body timeout %gs, keep-alive %gs", limits.max_connections,
-                limits.max_polls, limits.header_timeout_s, limits.body_timeout_s,
-                limits.keepalive_s)
+                "%gs, body timeout %gs, keep-alive %gs; %s loop, %s parser",
+                limits.max_connections, limits.max_polls, limits.header_timeout_s,
+                limits.body_timeout_s, limits.keepalive_s, loop, protocol.parser)
     values: dict[str, Any] = {"timeout_graceful_shutdown": GRACEFUL_S, "lifespan": "on",
                               "access_log": False, **options}
     # uvicorn's keep-alive timeout takes whole seconds in its signature, but only
     # hands the value to call_later: a fraction works.
-    return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(limits),
+    return uvicorn.Config(app, host=host, port=port, http=protocol, loop=loop,
                           backlog=BACKLOG, timeout_keep_alive=limits.keepalive_s,  # type: ignore[arg-type]
                           **values)

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from celery_zsched.core.recrawl import summary as recrawl_summary
 from celery_zsched.core.results import JobInfo
 from celery_zsched.services.preview import preview_info
 from celery_zsched.store import Store
@@ -34,6 +35,22 @@ class JobState(BaseModel):
     last_run_at: str | None = Field(description="When the last run was settled (ISO 8601 UTC).")
 
 
+class RecrawlView(BaseModel):
+    """Change-aware recrawl: what the job's visits taught (interval jobs only)."""
+
+    recrawl: str = Field(description="fixed | adaptive")
+    interval_s: float | None = Field(description="The interval it runs at now (adaptive: the "
+                                                 "one its last regular settle chose).")
+    visits: float = Field(description="Visits that reported a change or not (decayed).")
+    change_rate_per_day: float | None = Field(
+        description="Estimated changes a day (Cho & Garcia-Molina); null: no reports yet.")
+    expected_freshness: float | None = Field(
+        description="Expected share of time the copy is fresh, at that rate and interval.")
+    expected_age_s: float | None = Field(description="Expected age of the copy (Cho).")
+    since_last_change_s: float | None = Field(description="Seconds since a visit last saw "
+                                                          "a change.")
+
+
 class FireView(BaseModel):
     """One upcoming run: it lands anywhere from ``utc`` to ``latest_utc`` (jitter)."""
 
@@ -59,6 +76,8 @@ class JobView(BaseModel):
                                   "the definition you read.")
     definition: dict[str, Any]
     state: JobState
+    recrawl: RecrawlView | None = Field(
+        default=None, description="Change-aware recrawl (interval jobs).")
     fires: list[FireView] | None = Field(
         default=None, description="The next fires (GET /v1/jobs/{id} only; ?fires=N).")
     fires_note: str | None = Field(
@@ -148,6 +167,8 @@ def job_view(store: Store, info: JobInfo, *, static: bool = False, fires: int = 
             failures=state.failures, consecutive_failures=state.consecutive_failures,
             last_outcome=state.last_outcome, last_error=state.last_error,
             last_run_at=_iso(state.last_settled_ms)))
+    if job.kind == "interval" and now_ms is not None:
+        view.recrawl = RecrawlView(**recrawl_summary(job, state, now_ms))
     if fires and now_ms is not None:
         upcoming = preview_info(info, now_ms, fires, store.settings)
         view.fires = [FireView(**fire.to_dict()) for fire in upcoming.fires]

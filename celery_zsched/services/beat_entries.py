@@ -14,7 +14,8 @@ from celery_zsched.core.errors import ConfigurationError, ValidationError
 from celery_zsched.core.job import Defaults, Job, id_problem
 
 logger = logging.getLogger("celery_zsched")
-_OPTIONS = ("queue", "routing_key", "priority", "expires", "transport")
+_OPTIONS = ("queue", "routing_key", "priority", "expires", "transport", "recrawl",
+            "min_interval_s", "max_interval_s", "freshness_target")
 
 
 # (lowest, highest) value of each cron field, in cron's field order.

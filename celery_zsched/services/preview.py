@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 from celery_zsched.config import Settings
 from celery_zsched.core.job import Job
+from celery_zsched.core.recrawl import current_interval_s
 from celery_zsched.core.results import JobInfo
 from celery_zsched.core.state import RuntimeState
 from celery_zsched.core.timing import cron_dst_flags, ms_to_dt
@@ -157,8 +158,11 @@ def _candidates(job: Job, after_ms: int, settings: Settings, state: RuntimeState
     if job.kind == "cron":
         yield from _cron(job, after_ms, jitter, due_ms)
         return
-    assert job.interval_s is not None
-    step = round(job.interval_s * 1000)
+    # An adaptive job's later fires: at the interval its last settle chose (each
+    # later visit may change it; this is the estimate as of now).
+    interval = current_interval_s(job, state)
+    assert interval is not None
+    step = round(interval * 1000)
     if due_ms is not None:
         # The stored due time already holds its drawn jitter: it is exact.
         yield Fire(due_ms, job.timezone)

@@ -3,8 +3,8 @@
 :class:`Store` is the facade the rest of the package uses; its methods live in
 focused parts, each building on the one before: :mod:`.base` (client,
 partitions, layout, calling scripts), :mod:`.reads`, :mod:`.writes`,
-:mod:`.hot` (the delivery contract's scripts), and the bookkeeping here
-(counters, stream cursors, the notifiers' gate, the outbox report).
+:mod:`.hot` (the delivery contract's scripts), :mod:`.batch` (settles in bulk),
+and the bookkeeping here (counters, stream cursors, the notifiers' gate, the outbox report).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from celery_zsched.core.results import (
 )
 from celery_zsched.store import scripts
 from celery_zsched.store.base import Held, Running, time_ms, unavailable
+from celery_zsched.store.batch import Batches
 from celery_zsched.store.connection import is_cluster
-from celery_zsched.store.hot import START_WAIT_MAX_S, HotPath
+from celery_zsched.store.hot import START_WAIT_MAX_S
+from celery_zsched.store.robots import SharedResults
 
 __all__ = [
     "START_WAIT_MAX_S", "TASK_ID_NAMESPACE", "ClaimBatch", "Claimed", "Held", "ImportReport",
@@ -36,7 +38,7 @@ __all__ = [
 ]
 
 
-class Store(HotPath):
+class Store(Batches, SharedResults):
     """Job definitions and their timing state in Redis.
 
     Every time is read from the Redis server's clock (``TIME``), never the host's.

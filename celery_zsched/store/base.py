@@ -20,6 +20,8 @@ from celery_zsched.store import scripts
 from celery_zsched.store.connection import is_cluster, redis_client
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys, partition_of
+from celery_zsched.store.lane import Lane
+from celery_zsched.store.placement import Layout
 from celery_zsched.store.scripts import ScriptSpec
 
 P = ParamSpec("P")
@@ -141,8 +143,12 @@ class StoreBase:
         self.settings = settings or Settings()
         #: Keys on the base prefix (the layout record lives there).
         self.base = Keys.for_prefix(self.settings.key_prefix)
-        #: Each partition's keys; a job lives in ``parts[partition_of(id, P)]``.
+        #: Each partition's keys; where a job lives is :attr:`layout`'s rule.
         self.parts = self.base.partitions(self.settings.partitions)
+        #: The partition count and placement rule (recorded on the base prefix).
+        self.layout = Layout.of(self.settings)
+        #: Partitions of ids learned from message headers (see :meth:`learn`).
+        self._hints: dict[str, int] = {}
         #: The first partition's keys (the only ones in a one-partition store).
         self.keys = self.parts[0]
         self.defaults = Defaults.from_settings(self.settings, timezone)
@@ -156,6 +162,10 @@ class StoreBase:
         self._scripts: dict[str, Script] = {
             name: client.register_script(scripts.source(name)) for name in scripts.SCRIPTS
         }
+        pool = getattr(client, "connection_pool", None)
+        #: Where a worker's settles go ahead of their replies (``None`` on a Cluster).
+        self.lane = (Lane(pool, pooled_connection)
+                     if pool is not None and not is_cluster(client) else None)
 
     @classmethod
     def from_settings(cls: type[S], settings: Settings, timezone: str = "UTC") -> S:
@@ -175,48 +185,116 @@ class StoreBase:
 
     def part_of(self, job_id: str) -> Keys:
         """The keys of the partition that holds ``job_id``."""
-        return self.parts[partition_of(job_id, len(self.parts))]
+        return self.parts[self.locate([job_id])[job_id]]
+
+    def domain_keys(self, domain: str) -> Keys:
+        """The keys of the partition that holds ``domain``'s pacing state."""
+        return self.parts[self.layout.domain_home(domain)]
+
+    def id_part(self, job_id: str) -> int:
+        """The partition of ``job_id``'s own hash: where its directory entry lives."""
+        return partition_of(job_id, len(self.parts))
+
+    def learn(self, job_id: str, part: int) -> None:
+        """Remember that ``job_id`` is in partition ``part`` (a message header said so):
+        a worker's start, heartbeat and settle then skip the directory. Forgotten
+        at its settle; a job moves only while nothing of it is in flight."""
+        if 0 <= part < len(self.parts):
+            if len(self._hints) >= 65536:
+                self._hints.clear()
+            self._hints[job_id] = part
+
+    def learn_header(self, job_id: str, value: str | None) -> None:
+        """:meth:`learn` from a ``zsched_partition`` header (``"index@layout"``), if it was
+        written under this store's layout (else the directory decides)."""
+        if not value or not self.layout.by_domain:
+            return
+        index, _, layout = value.partition("@")
+        if layout == str(self.layout) and index.isdigit():
+            self.learn(job_id, int(index))
+
+    def forget(self, job_id: str) -> None:
+        """Drop what :meth:`learn` remembered of ``job_id``."""
+        self._hints.pop(job_id, None)
+
+    def locate(self, ids: Iterable[str]) -> dict[str, int]:
+        """The partition index of each id: its own by id; by domain, its directory
+        entry when it has one (one pipeline over the ids' own partitions)."""
+        count = len(self.parts)
+        out = {job_id: partition_of(job_id, count) for job_id in ids}
+        if not self.layout.by_domain:
+            return out
+        hints = self._hints
+        ask: dict[int, list[str]] = defaultdict(list)
+        for job_id, own in out.items():
+            hinted = hints.get(job_id)
+            if hinted is not None:
+                out[job_id] = hinted
+            else:
+                ask[own].append(job_id)
+        if ask:
+            pipe = self.client.pipeline(transaction=False)
+            for own, members in ask.items():
+                pipe.hmget(self.parts[own].directory, members)
+            for members, found in zip(ask.values(), pipe.execute(), strict=True):
+                for job_id, part in zip(members, found, strict=True):
+                    if part is not None and 0 <= int(part) < count:
+                        out[job_id] = int(part)
+        return out
 
     def group(self, items: Iterable[T], id_of: Callable[[T], str] = str
               ) -> dict[int, list[T]]:
         """``items`` by the partition index of their job id (``id_of(item)``), in
         their given order within each."""
+        items = list(items)
+        where = self.locate(id_of(item) for item in items)
         out: dict[int, list[T]] = defaultdict(list)
         for item in items:
-            out[partition_of(id_of(item), len(self.parts))].append(item)
+            out[where[id_of(item)]].append(item)
         return out
 
     def check_layout(self) -> None:
-        """Raise :class:`LayoutMismatch` unless the store has ``zsched_partitions`` partitions.
+        """Raise :class:`LayoutMismatch` unless the store has this process's layout:
+        ``zsched_partitions`` partitions, placed by the rule the pacing settings ask for.
 
         A store without a layout record has one partition, unless it is empty:
-        a fresh store takes the configured count (recorded on first check).
+        a fresh store takes the configured layout (recorded on first check).
         """
-        configured = len(self.parts)
+        configured = str(self.layout)
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.base.layout)
         pipe.hlen(self.base.defs)
         recorded, base_jobs = pipe.execute()
         if recorded is None:
-            if configured == 1:
+            if configured == "1":
                 self.layout_checked = True
                 return
             if base_jobs:
                 recorded = "1"
             else:
-                self.client.set(self.base.layout, str(configured), nx=True)
-                recorded = self.client.get(self.base.layout) or str(configured)
+                self.client.set(self.base.layout, configured, nx=True)
+                recorded = self.client.get(self.base.layout) or configured
         recorded = str(recorded)
         if recorded.startswith("moving:"):
             _, old, new = recorded.split(":")
             raise LayoutMismatch(
                 f"the store under {self.base.prefix} is being repartitioned from {old} to "
                 f"{new} partitions (zsched repartition); waiting for it to finish")
-        if int(recorded) != configured:
+        if recorded != configured:
+            have = Layout.parse(recorded)
+            if have.rule == self.layout.rule:
+                raise LayoutMismatch(
+                    f"the store under {self.base.prefix} has {have.count} partitions but "
+                    f"zsched_partitions is {self.layout.count}: set zsched_partitions="
+                    f"{have.count}, or run `zsched repartition --to {self.layout.count}` "
+                    "with beat and workers stopped")
+            fix = (f"set zsched_partitions={have.count}, zsched_pacing and "
+                   "zsched_domain_registrable as the store has them")
             raise LayoutMismatch(
-                f"the store under {self.base.prefix} has {recorded} partitions but "
-                f"zsched_partitions is {configured}: set zsched_partitions={recorded}, "
-                f"or run `zsched repartition --to {configured}` with beat and workers stopped")
+                f"the store under {self.base.prefix} has {have.describe()} but this "
+                f"process's settings ask for {self.layout.describe()}: {fix}, or run "
+                f"`zsched repartition --to {self.layout.count}` with these settings and "
+                "beat and workers stopped")
         self.layout_checked = True
 
     def _call(self, spec: ScriptSpec[R], keys: Keys, rows: Iterable[Sequence[Any]] = (),
@@ -276,7 +354,12 @@ class StoreBase:
             options = {"target_nodes": self.client.get_node_from_key(names[0])} if cluster else {}
             pipe.execute_command("EVALSHA", self._scripts[spec.name].sha, len(names), *names,
                                  *spec.argv(args, rows), **options)
-        replies = pipe.execute(raise_on_error=False)
+        return self._script_replies(calls, pipe.execute(raise_on_error=False))
+
+    def _script_replies(self, calls: Sequence[Call], replies: Sequence[Any]) -> list[Any]:
+        """The replies of ``calls`` sent as EVALSHA without raising: a script the server
+        did not know is run again by name (loading it, as redis-py's Script does); any
+        other error is raised."""
         out = []
         for (spec, keys, rows, args), reply in zip(calls, replies, strict=True):
             if isinstance(reply, NoScriptError):

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from celery_zsched.store import Store
 from celery_zsched.store.errors import redis_unavailable
-from celery_zsched.store.keys import Keys
+from celery_zsched.store.keys import Keys, due_of
 
 #: Schedule entries read per partition and round trip.
 CHUNK = 500
@@ -57,4 +57,4 @@ def due_times(store: Store, ids: Sequence[str]) -> list[int | None]:
     """
     scores = store.per_job(
         ids, lambda pipe, keys, members: pipe.zmscore(keys.schedule, members))
-    return [None if score is None else int(score) for score in scores]
+    return [None if score is None else due_of(score) for score in scores]

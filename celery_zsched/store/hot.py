@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import json
+import dataclasses
+import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from celery_zsched.core.job import Job
 from celery_zsched.core.results import (
     ClaimBatch,
     Claimed,
     ReapResult,
-    SettleResult,
     StartResult,
     merge_batches,
 )
@@ -21,50 +19,19 @@ from celery_zsched.store import scripts
 from celery_zsched.store.base import Call, Held, Running, time_ms, unavailable
 from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.errors import redis_unavailable
-from celery_zsched.store.keys import Keys
-from celery_zsched.store.writes import Writes
+from celery_zsched.store.replicas import call_replicated
+from celery_zsched.store.settles import Settles
 
-#: How far a settle event's times may lie from Redis' clock, and its spans run,
-#: before they are dropped as nonsense (a worker's microseconds, a forged 10**30):
-#: the run history must be able to convert every event it is given.
-_TIMING_WINDOW_MS = 20 * 366 * 86_400_000  # 20 years
-
-
-_EPOCH_FIELDS = ("due_ms", "promoted_ms", "started_ms", "finished_ms")
-
-
-_SPAN_FIELDS = ("lateness_ms", "wait_ms", "duration_ms")
-
-
-def bounded_timings(event: Mapping[str, Any], now: int) -> dict[str, Any]:
-    """``event`` with every time too far from ``now`` (Redis' clock) and every span
-    too long set to ``None``."""
-    def sane(value: Any, centre: int) -> bool:
-        return (type(value) is int and abs(value - centre) <= _TIMING_WINDOW_MS)
-    out = dict(event)
-    for names, centre in ((_EPOCH_FIELDS, now), (_SPAN_FIELDS, 0)):
-        for name in names:
-            if out.get(name) is not None and not sane(out[name], centre):
-                out[name] = None
-    return out
-
-
-#: Status label of a settle that does not retry.
-LABELS = {"complete": "complete", "skip": "skipped", "error": "error"}
-
+logger = logging.getLogger("celery_zsched")
 
 #: Longest a worker sits out a closed domain gate at start before it hands the
 #: occurrence back to the schedule instead (a prefork slot waits meanwhile).
 START_WAIT_MAX_S = 2.0
+#: Most replies left unread on the lane before a call sent ahead reads them first.
+LANE_MAX_PENDING = 64
 
 
-@functools.lru_cache(maxsize=4096)
-def job_of(raw: str) -> Job:
-    """The job of a definition JSON: a worker settles the same jobs again and again."""
-    return Job.from_json(raw)
-
-
-class HotPath(Writes):
+class HotPath(Settles):
     """Claim, publish confirmation, start, heartbeat, retry, settle, reap and rescue:
     what beat, the workers and the gateway call for every occurrence."""
 
@@ -74,12 +41,18 @@ class HotPath(Writes):
         """The backpressure bound of one partition: its share of ``queued_bound``."""
         return math.ceil(self.settings.queued_bound / len(self.parts))
 
+    @property
+    def partition_queue_bound(self) -> int:
+        """The per-queue backpressure bound of one partition: its share of ``queue_bound``."""
+        return math.ceil(self.settings.queue_bound / len(self.parts))
+
     @unavailable
     def claim(self, limit: int | None = None) -> ClaimBatch:
         """Atomically take up to ``limit`` due jobs and mark them queued (one round trip).
 
         Every partition gets an equal share of ``limit``. Fewer are taken when
-        the backpressure bound (``queued_bound``) is near.
+        the backpressure bound (``queued_bound``) is near; a job whose queue holds
+        ``queue_bound`` occurrences is held back in the schedule instead.
         """
         limit = limit or self.settings.batch_size
         share, extra = divmod(limit, len(self.parts))
@@ -98,11 +71,16 @@ class HotPath(Writes):
         # delivery deadline.
         args = {"deadline_ms": int(self.settings.publish_timeout_s * 1000),
                 "bound": self.partition_bound, "pacing": self.pacing, "status": "queued",
-                "queue": ""}
+                "queue": "", "queue_bound": self.partition_queue_bound}
         calls: list[Call] = [(scripts.CLAIM, self.parts[i], (), {**args, "limit": n})
                              for i, n in plan.items()]
-        return {i: scripts.CLAIM.reply(reply)
-                for i, reply in zip(plan, self._run(calls), strict=True)}
+        batches = {i: scripts.CLAIM.reply(reply)
+                   for i, reply in zip(plan, self._run(calls), strict=True)}
+        if self.layout.by_domain:
+            for i, batch in batches.items():
+                batch.jobs[:] = [dataclasses.replace(c, partition=f"{i}@{self.layout}")
+                                 for c in batch.jobs]
+        return batches
 
     @unavailable
     def claim_http(self, limit: int, queue: str = "") -> ClaimBatch:
@@ -118,7 +96,8 @@ class HotPath(Writes):
         args: dict[str, Any] = {
             "deadline_ms": int(self.settings.gateway_lease_s * 1000),
             # The running set also holds Celery executions: no bound here.
-            "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue}
+            "bound": 2**31, "pacing": self.pacing, "status": "running", "queue": queue,
+            "queue_bound": 0}
         # Partitions one after the other from a rotating start, until ``limit``
         # are found: a share of ``limit`` per partition would leave a single
         # poller waiting while its job sits in another partition.
@@ -169,12 +148,19 @@ class HotPath(Writes):
         the worker keeps the lease alive with :meth:`heartbeat` and settles
         with :meth:`settle`, presenting it.
         """
-        return self._call_hot(scripts.START, self.part_of(job_id), id=job_id,
-                              occurrence=occurrence, attempt=attempt,
-                              delivery="" if delivery is None else delivery, task=task,
-                              lease_ms=int(self.settings.lease_s * 1000),
-                              expires_ms="" if expires_ms is None else expires_ms,
-                              pacing=self.pacing, wait_max_ms=int(START_WAIT_MAX_S * 1000))
+        args: dict[str, Any] = {"id": job_id, "occurrence": occurrence, "attempt": attempt,
+                                "delivery": "" if delivery is None else delivery, "task": task,
+                                "lease_ms": int(self.settings.lease_s * 1000),
+                                "expires_ms": "" if expires_ms is None else expires_ms,
+                                "pacing": self.pacing,
+                                "wait_max_ms": int(START_WAIT_MAX_S * 1000)}
+        keys = self.part_of(job_id)
+        if self.pacing and is_cluster(self.client):
+            # A failover must not forget the domain's last start (see replicas.py).
+            spec = scripts.START
+            return spec.reply(call_replicated(self.client, self._scripts[spec.name],
+                                              spec.key_names(keys), spec.argv(args)))
+        return self._call_hot(scripts.START, keys, **args)
 
     def heartbeat(self, running: Sequence[Running], worker: str = "",
                   queues: Sequence[str] = (), lease_s: float | None = None) -> list[str]:
@@ -219,16 +205,50 @@ class HotPath(Writes):
                 [job_id for kind, job_id in gone if kind == "h"])
 
     @unavailable
-    def hold(self, held: Held, worker: str) -> bool:
-        """Hold one received message for ``worker`` now, for one lease (one round trip):
-        :meth:`beat` with just that row. False when its occurrence is no longer
-        queued for it (started, settled, republished for another task)."""
-        job_id, occurrence, attempt, delivery, task = held
-        gone = self._call_hot(scripts.HEARTBEAT, self.part_of(job_id),
-                              [("h", job_id, occurrence, attempt, delivery, task)],
-                              lease_ms=int(self.settings.lease_s * 1000), worker=worker,
-                              queues="")
-        return not gone
+    def hold(self, held: Sequence[Held], worker: str) -> list[str]:
+        """Hold received messages for ``worker`` now, for one lease (one round trip per
+        partition): :meth:`beat` with just these rows. Returns the ids no longer
+        held: their occurrence is no longer queued for them (started, settled,
+        republished for another task)."""
+        if not held:
+            return []
+        rows = [("h", job_id, o, a, n, task) for job_id, o, a, n, task in held]
+        lease_ms = int(self.settings.lease_s * 1000)
+        groups = self.group(rows, lambda row: str(row[1]))
+        if len(groups) == 1:  # the usual case: one partition, straight on a pooled connection
+            (part, part_rows), = groups.items()
+            gone = self._call_hot(scripts.HEARTBEAT, self.parts[part], part_rows,
+                                  lease_ms=lease_ms, worker=worker, queues="")
+        else:
+            args = {"lease_ms": lease_ms, "worker": worker, "queues": ""}
+            calls: list[Call] = [(scripts.HEARTBEAT, self.parts[i], part_rows, args)
+                                 for i, part_rows in groups.items()]
+            gone = [row for reply in self._run(calls) for row in scripts.HEARTBEAT.reply(reply)]
+        return [job_id for _, job_id in gone]
+
+    @unavailable
+    def hold_soon(self, row: Held, worker: str,
+                  then: Callable[[list[str] | None], None]) -> None:
+        """:meth:`hold` of one message, sent now; its reply is read by the next
+        :meth:`collect`, which hands ``then`` the ids no longer held (``None``: no
+        reply could be had; hold it the usual way). A store without a lane holds at once."""
+        if self.lane is None:
+            then(self.hold([row], worker))
+            return
+        if self.lane.pending >= LANE_MAX_PENDING:
+            self.collect()  # nobody read for a while (an idle worker): keep the backlog short
+        job_id, occurrence, attempt, delivery, task = row
+        keys = self.part_of(job_id)
+
+        def on_reply(reply: Any) -> None:
+            then(None if reply is None
+                 else [job_id for _, job_id in scripts.HEARTBEAT.reply(reply)])
+        args = {"lease_ms": int(self.settings.lease_s * 1000), "worker": worker, "queues": ""}
+        with redis_unavailable():
+            self.lane.send(self._scripts[scripts.HEARTBEAT.name],
+                           scripts.HEARTBEAT.key_names(keys),
+                           scripts.HEARTBEAT.argv(args, [("h", job_id, occurrence, attempt,
+                                                           delivery, task)]), on_reply)
 
     @unavailable
     def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:
@@ -303,90 +323,3 @@ class HotPath(Writes):
         if not taken:
             return []
         return [job_id for ids in self._by_job(scripts.RESCUE, taken) for job_id in ids]
-
-    @unavailable
-    def settle(self, job_id: str, occurrence: int, attempt: int, outcome: str, *,
-               error: str = "", retry_after_s: float | None = None,
-               event: dict[str, Any] | None = None,
-               http_status: int | None = None, fence: int | None = None,
-               delivery: int | None = None,
-               known: tuple[str, int] | None = None) -> SettleResult:
-        """Apply an outcome (``complete``, ``error`` or ``skip``), compare-and-set.
-
-        The next due time is computed from the stored definition and Redis'
-        clock; if the definition's timing changes meanwhile, it is recomputed.
-        ``http_status`` and ``retry_after_s`` also teach the job's domain (pacing).
-        ``known``: the definition the start returned and an estimate of Redis'
-        clock now, which spare the settle a round trip; a run "now plus a delay"
-        is then moved on by however much later the script finds it, so it is
-        never early, and a definition edited meanwhile is read afresh.
-
-        Who settles (fencing): ``fence``, the execution a start or the gateway
-        numbered so, while it still runs; else ``delivery``, a message that never
-        started, while its occurrence is queued; with neither, an unfenced caller
-        (tests and tools): whatever holds the current occurrence.
-        """
-        if outcome not in ("complete", "error", "skip"):
-            raise ValueError(f"unknown outcome {outcome!r}")
-        keys = self.part_of(job_id)
-        for _ in range(5):
-            raw, now = known if known is not None else self._definition_and_time(keys, job_id)
-            known = None
-            relative = False
-            if raw is None:
-                # Deleted while in flight: the script records the outcome of the
-                # occurrence (if it is the current one) and forgets the job.
-                job = None
-                label, next_due, next_occ, next_attempt = LABELS[outcome], None, occurrence, 1
-            else:
-                job = job_of(raw)
-                label, next_due, next_occ, next_attempt, relative = self._decide(
-                    job, outcome, occurrence, attempt, now, retry_after_s)
-            reply = self._call_hot(
-                scripts.SETTLE, keys, id=job_id, occurrence=occurrence, attempt=attempt,
-                outcome=outcome, label=label, next_due_ms="" if next_due is None else next_due,
-                next_occurrence=next_occ, next_attempt=next_attempt, error=error[:2000],
-                signature=job.timing_signature if job else "",
-                max_runs=(job.max_runs or 0) if job else 0,
-                events_maxlen=self.settings.events_maxlen,
-                event=json.dumps(bounded_timings(event or {}, now), separators=(",", ":")),
-                http_status="" if http_status is None else http_status,
-                retry_after_ms="" if retry_after_s is None else round(retry_after_s * 1000),
-                pacing=self.pacing, fence="" if fence is None else fence,
-                delivery="" if delivery is None else delivery,
-                clock_ms=now if relative else "",
-                end_ms="" if job is None or job.end_at is None else job.end_at)
-            if reply.verdict == "changed":
-                continue
-            if job is None or reply.verdict == "deleted":
-                return SettleResult(False, "deleted", label,
-                                    breaker_opened=reply.breaker_opened)
-            if reply.verdict == "ok" and reply.status is not None:
-                return SettleResult(True, reply.status, label, reply.next_due_ms, reply.now_ms,
-                                    reply.consecutive_failures, reply.breaker_opened, job)
-            return SettleResult(False, reply.verdict, label, job=job)
-        return SettleResult(False, "changed", outcome)
-
-    def _definition_and_time(self, keys: Keys, job_id: str) -> tuple[str | None, int]:
-        """A job's definition and the clock of the server that holds it (one round trip)."""
-        # TIME has no key to route by: on a Cluster, send it to the node of the
-        # job's slot, the one whose clock the settle script will read.
-        options = ({"target_nodes": self.client.get_node_from_key(keys.defs)}
-                   if is_cluster(self.client) else {})
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hget(keys.defs, job_id)
-        pipe.execute_command("TIME", **options)
-        raw, reply = pipe.execute()
-        return raw, time_ms(reply)
-
-    def _decide(self, job: Job, outcome: str, occurrence: int, attempt: int, now: int,
-                retry_after_s: float | None) -> tuple[str, int | None, int, int, bool]:
-        """Label, next due, next occurrence and attempt, and whether the next due is
-        ``now`` plus a delay (a retry, an interval job's next run), not a fixed time."""
-        if outcome == "error":
-            retry = job.retry_due_ms(attempt, now, self.settings, retry_after_s)
-            if retry is not None:
-                return "retrying", retry, occurrence, attempt + 1, True
-        next_due = job.next_regular_ms(now, self.settings, self.rng)
-        return (LABELS[outcome], next_due, next_due if next_due is not None else occurrence, 1,
-                job.kind == "interval")

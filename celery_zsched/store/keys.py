@@ -7,6 +7,16 @@ from dataclasses import dataclass
 
 from celery_zsched.config.redis import DEFAULT_PREFIX
 
+#: A job held back because its queue was at its backpressure bound stays in the
+#: schedule scored ``PARK_BASE`` + its due time (``_prelude.lua`` has the same
+#: number): past every real due time, in due order among the held.
+PARK_BASE = 2**50
+
+
+def due_of(score: float) -> int:
+    """The due time (ms) of a schedule score, held back or not."""
+    return int(score - PARK_BASE if score >= PARK_BASE else score)
+
 
 def partition_of(job_id: str, count: int) -> int:
     """The partition that holds ``job_id`` in a store of ``count`` partitions.
@@ -53,10 +63,12 @@ class Keys:
 
     @property
     def layout(self) -> str:
-        """String: the store's partition count, on the base prefix (absent: 1).
+        """String: the store's layout, on the base prefix (absent: 1): its partition
+        count, and ``/domain`` or ``/registrable`` when paced jobs live in their
+        domain's partition (``12/domain``).
 
-        ``repartition`` writes it; every process checks its own
-        ``zsched_partitions`` against it before it touches a job.
+        ``repartition`` writes it; every process checks the layout its own
+        settings ask for against it before it touches a job.
         """
         return self._k("layout")
 
@@ -102,6 +114,24 @@ class Keys:
         return self._k("queued")
 
     @property
+    def queue_in_flight(self) -> str:
+        """Hash: queue -> occurrences of that queue in ``queued`` (per-queue backpressure).
+
+        An occurrence counts under the queue its state names (``bq``), set by the
+        claim; every script that adds it to ``queued`` or takes it out keeps the
+        count (``_prelude.lua``: ``queued_add``, ``queued_rem``).
+        """
+        return self._k("queue_in_flight")
+
+    @property
+    def queue_held(self) -> str:
+        """Hash: queue -> jobs the claim held back in the schedule because that queue
+        was at its bound (parked past ``PARK_BASE``). The claim keeps it and corrects
+        it whenever it reads every held-back job; a held job paused, deleted or run
+        now meanwhile is counted until then."""
+        return self._k("queue_held")
+
+    @property
     def leases(self) -> str:
         """Sorted set: job id -> execution lease deadline (ms) while running."""
         return self._k("leases")
@@ -141,7 +171,8 @@ class Keys:
         """Hash of lifetime counters: ``promoted`` and ``started``; each settle's label
         (``complete``, ``error``, ...); and what the delivery contract caught
         (``redelivered``, ``orphaned``, ``unpublished``, ``lost``, ``duplicates``,
-        ``refused``, ``deferred``, ``held``, ``dead``)."""
+        ``refused``, ``deferred``, ``held``, ``dead``); ``queue_held``: due jobs
+        held back because their queue was at its bound."""
         return self._k("counters")
 
     @property
@@ -155,9 +186,39 @@ class Keys:
         return self._k("domains")
 
     @property
+    def recrawl_mu(self) -> str:
+        """Hash: domain -> the multiplier of Cho's budget allocation for its adaptive jobs
+        (a float; the capacity planner writes it, ``settle.lua`` reads it)."""
+        return self._k("recrawl_mu")
+
+    @property
     def domain_conf(self) -> str:
         """Hash: domain -> the operator's overrides (JSON: delay ms, cap, adaptive)."""
         return self._k("domain_conf")
+
+    @property
+    def robots(self) -> str:
+        """Hash, on the base prefix: origin (``scheme://host[:port]``) -> its robots.txt
+        as last fetched (JSON: kind, body, fetched and expiry ms, status, error)."""
+        return self._k("robots")
+
+    @property
+    def robots_claims(self) -> str:
+        """Hash, on the base prefix: origin -> until when one worker's fetch of its
+        robots.txt is under way (ms): the others wait for it or use the stale copy."""
+        return self._k("robots:claims")
+
+    @property
+    def planner(self) -> str:
+        """String, on the base prefix: the capacity planner's last result (JSON, with
+        the Redis time it was computed)."""
+        return self._k("planner")
+
+    @property
+    def planner_claim(self) -> str:
+        """String, on the base prefix: held (expiring) while one process recomputes
+        the planner, so the others read the last result instead of scanning too."""
+        return self._k("planner:claim")
 
     @property
     def notify_limits(self) -> str:
@@ -207,6 +268,24 @@ class Keys:
         return self._k("outbox")
 
     @property
+    def directory(self) -> str:
+        """Hash: job id -> index of the partition that holds it, for a job placed
+        away from its id's own partition (a paced job lives in its domain's).
+
+        It lives in the id's own partition (``partition_of(id, P)``), so an id
+        alone finds its job in one lookup. It is written before the job and
+        removed after it: an entry whose partition holds no such job reads as
+        absent."""
+        return self._k("dir")
+
+    @property
+    def moving(self) -> str:
+        """Hash: job id -> its whole record (JSON) while an online move to another
+        partition (a paced job whose domain changed) is under way; the move
+        resumes from it after a crash."""
+        return self._k("moving")
+
+    @property
     def audit_cursor(self) -> str:
         """String: id of the last audit entry copied into the Django change history."""
         return self._k("audit_cursor")
@@ -214,9 +293,11 @@ class Keys:
     def all(self) -> list[str]:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
-            self.defs, self.schedule, self.http_schedule, self.queued, self.leases, self.state,
+            self.defs, self.schedule, self.http_schedule, self.queued, self.queue_in_flight,
+            self.queue_held, self.leases, self.state,
             self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
-            self.workers, self.domains, self.domain_conf, self.notify_limits,
+            self.workers, self.domains, self.domain_conf, self.recrawl_mu, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,
-            self.tombstones, self.tombstone_expiry, self.outbox,
+            self.tombstones, self.tombstone_expiry, self.outbox, self.directory, self.moving,
+            self.robots, self.robots_claims, self.planner, self.planner_claim,
         ]

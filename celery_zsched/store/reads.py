@@ -19,7 +19,7 @@ from celery_zsched.core.results import (
 from celery_zsched.core.state import RuntimeState
 from celery_zsched.store.base import StoreBase, time_ms, unavailable
 from celery_zsched.store.errors import redis_unavailable
-from celery_zsched.store.keys import Keys
+from celery_zsched.store.keys import PARK_BASE, Keys, due_of
 
 
 def as_paused(job: Job, paused: bool) -> Job:
@@ -79,7 +79,7 @@ class Reads(StoreBase):
                 found[members[i]] = JobInfo(
                     job=as_paused(Job.from_json(raw), bool(paused[i])),
                     status=state.status,
-                    due_ms=int(dues[i]) if dues[i] is not None else None,
+                    due_ms=due_of(dues[i]) if dues[i] is not None else None,
                     lease_until_ms=first_score(leases[i], queued[i]),
                     paused=bool(paused[i]), state=state, tag=definition_tag(raw))
         return [found.get(job_id) for job_id in ids]
@@ -140,7 +140,7 @@ class Reads(StoreBase):
             pipe.zrange(keys.http_schedule, 0, 0, withscores=True)
 
         replies = self._pipeline_each(commands)
-        return min((int(first[0][1]) for part in replies for first in part if first),
+        return min((due_of(first[0][1]) for part in replies for first in part if first),
                    default=None)
 
     @unavailable
@@ -186,17 +186,18 @@ class Reads(StoreBase):
                 pipe.zcount(zset, "-inf", now + 60_000)
                 pipe.zcount(zset, "-inf", now + 3_600_000)
             pipe.zcard(keys.http_schedule)
+            pipe.zcount(keys.schedule, PARK_BASE, "+inf")
             pipe.hgetall(keys.counters)
 
         names = ("jobs", "scheduled", "queued", "running", "paused", "dead", "due_now",
                  "due_next_minute", "due_next_hour", "due_now", "due_next_minute",
-                 "due_next_hour", "http_scheduled")
+                 "due_next_hour", "http_scheduled", "held_back")
         counts = dict.fromkeys(names, 0)
         totals: dict[str, int] = defaultdict(int)
         for reply in self._pipeline_each(commands):
             for name, value in zip(names, reply[:-1], strict=True):
                 counts[name] = counts.get(name, 0) + int(value)
-            counts["scheduled"] += int(reply[-2])
+            counts["scheduled"] += int(reply[-3])
             for k, v in reply[-1].items():
                 totals[f"total_{k}"] += int(v)
         out = {"jobs": counts["jobs"], "scheduled": counts["scheduled"],
@@ -209,13 +210,34 @@ class Reads(StoreBase):
             out["breakers_open"] = len(alerts["breakers_open"])
         return out
 
+    @unavailable
+    def queue_backpressure(self) -> dict[str, dict[str, int]]:
+        """Per queue ("" for jobs that name none): occurrences published and not started
+        (``in_flight``) and due jobs held back because the queue was at its bound
+        (``held_back``), over every partition; only queues with either. Two HGETALLs
+        per partition: the cost grows with the number of queues, not of jobs."""
+        def commands(pipe: Any, keys: Keys) -> None:
+            pipe.hgetall(keys.queue_in_flight)
+            pipe.hgetall(keys.queue_held)
+
+        out: dict[str, dict[str, int]] = {}
+        for flights, held in self._pipeline_each(commands):
+            for field_name, counts in (("in_flight", flights), ("held_back", held)):
+                for queue, n in counts.items():
+                    row = out.setdefault(str(queue), {"in_flight": 0, "held_back": 0})
+                    row[field_name] += max(0, int(n))
+        return dict(sorted(out.items()))
+
     # ---------------------------------------------------------------- domains
     @unavailable
     def domains(self) -> list[DomainInfo]:
         """Every domain with learned state or an override, sorted by name."""
-        keys = self.keys
-        state = dict(self.client.hscan_iter(keys.domains))
-        conf = dict(self.client.hscan_iter(keys.domain_conf))
+        # By domain, each domain's state is in its own partition: gather them all.
+        state: dict[Any, Any] = {}
+        conf: dict[Any, Any] = {}
+        for keys in self.parts if self.layout.by_domain else [self.keys]:
+            state.update(self.client.hscan_iter(keys.domains))
+            conf.update(self.client.hscan_iter(keys.domain_conf))
         now = self.now_ms()
         defaults = self.settings.pacing_defaults
         return [info_from(name, state.get(name), conf.get(name), defaults, now)
@@ -225,9 +247,10 @@ class Reads(StoreBase):
     def domain(self, name: str) -> DomainInfo:
         """One domain's pacing (the defaults for a domain never seen)."""
         name = normalise_domain(name)
+        keys = self.domain_keys(name)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.keys.domains, name)
-        pipe.hget(self.keys.domain_conf, name)
+        pipe.hget(keys.domains, name)
+        pipe.hget(keys.domain_conf, name)
         pipe.time()
         state, conf, now = pipe.execute()
         return info_from(name, state, conf, self.settings.pacing_defaults, time_ms(now))
@@ -243,6 +266,15 @@ class Reads(StoreBase):
         """The runtime state of each of ``ids`` (one HMGET), ``None`` where there is none."""
         raws = self.per_job(ids, lambda pipe, keys, members: pipe.hmget(keys.state, members))
         return [RuntimeState.from_wire(raw) if raw else None for raw in raws]
+
+    @unavailable
+    def sample_states(self, per_partition: int) -> list[RuntimeState]:
+        """Up to ``per_partition`` random runtime states of each partition (HRANDFIELD):
+        fleet-wide estimates at a cost that does not grow with the fleet."""
+        replies = self._pipeline_each(
+            lambda pipe, keys: pipe.hrandfield(keys.state, per_partition, withvalues=True))
+        return [RuntimeState.from_wire(raw) for reply in replies
+                for raw in list(reply[0] or ())[1::2]]
 
     @unavailable
     def recent_events(self, since_ms: int, count: int) -> list[dict[str, str]]:

@@ -1,4 +1,10 @@
-"""Change a store's partition count: ``celery -A proj zsched repartition --to P``.
+"""Change a store's layout: ``celery -A proj zsched repartition --to P``.
+
+The layout is the partition count and the placement rule (:mod:`.placement`):
+by id, or, with pacing on, a paced job in its domain's partition. Turning
+pacing on or off, or changing ``zsched_domain_registrable``, changes the rule,
+and this command moves the jobs for it too (with the new settings, ``--to``
+the same count).
 
 It is an offline operation: beat and workers must be stopped first, because a
 process routes each job by the partition count it started with. The command
@@ -16,6 +22,8 @@ start and settle in the new partition once the workers are back.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +32,8 @@ from typing import Any
 from celery_zsched.config import Settings
 from celery_zsched.core import stream_ids
 from celery_zsched.core.errors import ZSchedError
-from celery_zsched.store.keys import Keys, partition_of
+from celery_zsched.store.keys import PARK_BASE, Keys, partition_of
+from celery_zsched.store.placement import Layout
 
 #: Zsets and sets that may hold a job id, besides the two hashes.
 _SCORED = ("schedule", "http_schedule", "queued", "leases", "dead")
@@ -44,18 +53,27 @@ class RepartitionReport:
     moved: int = 0
     kept: int = 0
     seconds: float = 0.0
+    #: The layouts before and after ("P", or "P/rule" when paced jobs go by domain).
+    source_layout: str = ""
+    target_layout: str = ""
 
 
-def recorded_partitions(client: Any, base: Keys) -> tuple[int, int | None]:
-    """(partitions the store has, target of an unfinished repartition or ``None``)."""
+def recorded_layout(client: Any, base: Keys) -> tuple[Layout, Layout | None]:
+    """(the store's layout, target of an unfinished repartition or ``None``)."""
     recorded = client.get(base.layout)
     if recorded is None:
-        return 1, None
+        return Layout(1), None
     text = str(recorded)
     if text.startswith("moving:"):
         _, old, new = text.split(":")
-        return int(old), int(new)
-    return int(text), None
+        return Layout.parse(old), Layout.parse(new)
+    return Layout.parse(text), None
+
+
+def recorded_partitions(client: Any, base: Keys) -> tuple[int, int | None]:
+    """(partitions the store has, target count of an unfinished repartition or ``None``)."""
+    source, pending = recorded_layout(client, base)
+    return source.count, None if pending is None else pending.count
 
 
 def live_processes(client: Any, base: Keys, count: int, alive_ms: int) -> list[str]:
@@ -76,22 +94,26 @@ def live_processes(client: Any, base: Keys, count: int, alive_ms: int) -> list[s
 def repartition(client: Any, settings: Settings, to: int, *, force: bool = False,
                 chunk: int = 1000, progress: Callable[[int], None] | None = None
                 ) -> RepartitionReport:
-    """Move the store under ``settings.key_prefix`` to ``to`` partitions (see module doc)."""
+    """Move the store under ``settings.key_prefix`` to ``to`` partitions, placed by the
+    rule ``settings`` ask for (see module doc)."""
     if to < 1:
         raise ValueError(f"--to must be >= 1, got {to}")
     started = time.perf_counter()
     base = Keys.for_prefix(settings.key_prefix)
-    source, pending = recorded_partitions(client, base)
-    if pending is not None and pending != to:
+    layout, pending = recorded_layout(client, base)
+    goal = Layout.of(dataclasses.replace(settings, partitions=to))
+    if pending is not None and pending != goal:
         raise RepartitionRefused(
-            f"a repartition from {source} to {pending} partitions was interrupted: "
-            f"finish it first with `zsched repartition --to {pending}`")
-    report = RepartitionReport(source, to)
-    if source == to and pending is None:
+            f"a repartition from {layout} to {pending} partitions was interrupted: "
+            f"finish it first with `zsched repartition --to {pending.count}` (and the "
+            "pacing settings it started with)")
+    source = layout.count
+    report = RepartitionReport(source, to, source_layout=str(layout), target_layout=str(goal))
+    if layout == goal and pending is None:
         return report
     alive_ms = int(settings.heartbeat_s * 3000)
     _refuse_if_alive(client, base, source, alive_ms, force)
-    client.set(base.layout, f"moving:{source}:{to}")
+    client.set(base.layout, f"moving:{layout}:{goal}")
     # A process that read the layout just before it changed announces itself
     # right after: look once more, now that none can start unnoticed.
     time.sleep(0.2)
@@ -99,21 +121,49 @@ def repartition(client: Any, settings: Settings, to: int, *, force: bool = False
         _refuse_if_alive(client, base, source, alive_ms, force)
     except RepartitionRefused:
         if pending is None:
-            client.set(base.layout, str(source))
+            client.set(base.layout, str(layout))
         raise
     old, new = base.partitions(source), base.partitions(to)
     for keys in old:
-        _move_partition(client, base, keys, source, to, chunk, report, progress)
+        _unpark(client, base, keys, goal)
+        _move_partition(client, base, keys, layout, goal, chunk, report, progress)
         _move_tombstones(client, base, keys, to)
+    for keys in new:
+        _recount(client, keys)
     new_prefixes = {keys.prefix for keys in new}
     for keys in old:
         if keys.prefix not in new_prefixes:
             # The audit trail first: _retire deletes every key of the partition.
             _retire_audit(client, keys, new[0], settings.audit_maxlen)
             _retire(client, keys, new[0], settings.events_maxlen)
-    client.set(base.layout, str(to))
+    _rebuild_directory(client, base, old, goal, chunk)
+    client.set(base.layout, str(goal))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _recount(client: Any, keys: Keys) -> None:
+    """Rebuild a partition's per-queue backpressure counts from what it now holds.
+
+    Jobs moved in bring their queued occurrences and held-back jobs along, but not
+    their counts: each queued occurrence counts again under its state's queue, and
+    every held-back job becomes plainly due (the next claim holds it back again if
+    its queue is still at its bound).
+    """
+    ids = [str(i) for i in client.zrange(keys.queued, 0, -1)]
+    tally: dict[str, int] = {}
+    for raw in (client.hmget(keys.state, ids) if ids else []):
+        queue = json.loads(raw).get("bq") if raw else None
+        if isinstance(queue, str):
+            tally[queue] = tally.get(queue, 0) + 1
+    held = client.zrangebyscore(keys.schedule, PARK_BASE, "+inf", withscores=True)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.queue_in_flight, keys.queue_held)
+    if tally:
+        pipe.hset(keys.queue_in_flight, mapping=tally)
+    if held:
+        pipe.zadd(keys.schedule, {str(i): score - PARK_BASE for i, score in held})
+    pipe.execute()
 
 
 def _refuse_if_alive(client: Any, base: Keys, count: int, alive_ms: int, force: bool) -> None:
@@ -125,17 +175,19 @@ def _refuse_if_alive(client: Any, base: Keys, count: int, alive_ms: int, force: 
             + " (--force if they are gone but did not shut down cleanly)")
 
 
-def _move_partition(client: Any, base: Keys, src: Keys, source: int, to: int, chunk: int,
-                    report: RepartitionReport, progress: Callable[[int], None] | None) -> None:
+def _move_partition(client: Any, base: Keys, src: Keys, source: Layout, goal: Layout,
+                    chunk: int, report: RepartitionReport,
+                    progress: Callable[[int], None] | None) -> None:
     cursor = 0
     while True:
-        cursor, ids = client.hscan(src.defs, cursor, count=chunk)
+        cursor, found = client.hscan(src.defs, cursor, count=chunk)
         moving: dict[str, Keys] = {}
-        for job_id in map(str, ids):
-            dst = base.partition(partition_of(job_id, to), to)
+        for job_id, raw in found.items():
+            job_id, raw = str(job_id), str(raw)
+            dst = base.partition(goal.home_of(job_id, raw), goal.count)
             if dst.prefix != src.prefix:
                 moving[job_id] = dst
-            elif base.partition(partition_of(job_id, source), source).prefix == src.prefix:
+            elif base.partition(source.home_of(job_id, raw), source.count).prefix == src.prefix:
                 report.kept += 1  # (not one that an earlier partition moved in here)
         if moving:
             _copy(client, src, moving)
@@ -145,6 +197,50 @@ def _move_partition(client: Any, base: Keys, src: Keys, source: int, to: int, ch
                 progress(report.moved)
         if not cursor:
             return
+
+
+def _unpark(client: Any, base: Keys, src: Keys, goal: Layout) -> None:
+    """Finish the online moves a crash interrupted (records parked in ``moving``, see
+    relocate.lua): each job goes whole to its home in the new layout."""
+    for job_id, raw in client.hgetall(src.moving).items():
+        rec = json.loads(raw)
+        dst = base.partition(goal.home_of(str(job_id), rec["def"]), goal.count)
+        if not client.hexists(dst.defs, job_id):
+            pipe = client.pipeline(transaction=False)
+            pipe.hset(dst.defs, job_id, rec["def"])
+            if rec["st"]:
+                pipe.hset(dst.state, job_id, rec["st"])
+            for name, field in (("schedule", "sch"), ("http_schedule", "http"),
+                                ("dead", "dead")):
+                if rec[field]:
+                    pipe.zadd(getattr(dst, name), {job_id: float(rec[field])})
+            for name in _MEMBERS:
+                if rec[name] == 1:
+                    pipe.sadd(getattr(dst, name), job_id)
+            pipe.execute()
+        client.hdel(src.moving, job_id)
+
+
+def _rebuild_directory(client: Any, base: Keys, old: list[Keys], goal: Layout,
+                       chunk: int) -> None:
+    """The directory of the new layout: an entry for each job away from its id's own
+    partition (the old entries go first; the store is offline, nobody reads them)."""
+    new = base.partitions(goal.count)
+    client.delete(*{keys.directory for keys in [*old, *new]})
+    if not goal.by_domain:
+        return
+    for index, keys in enumerate(new):
+        cursor = 0
+        while True:
+            cursor, found = client.hscan(keys.defs, cursor, count=chunk)
+            pipe = client.pipeline(transaction=False)
+            for job_id in map(str, found):
+                own = partition_of(job_id, goal.count)
+                if own != index:
+                    pipe.hset(new[own].directory, job_id, str(index))
+            pipe.execute()
+            if not cursor:
+                break
 
 
 def _move_tombstones(client: Any, base: Keys, src: Keys, to: int) -> None:

@@ -72,12 +72,22 @@ class ScriptSpec(Generic[R]):
 
 # ------------------------------------------------------------------ replies
 def _claim_reply(res: Sequence[Any]) -> ClaimBatch:
-    now, next_due, next_deadline, room, held = (int(x) for x in res[:5])
+    now, next_due, next_deadline, room, held, queue_held = (int(x) for x in res[:6])
     jobs = [Claimed(Job.from_json(res[i + 1]), int(res[i + 2]), int(res[i + 3]),
-                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]))
-            for i in range(5, len(res), 7)]
+                    int(res[i + 4]), int(res[i + 5]), now, int(res[i + 6]),
+                    validators=_validators(res[i + 7]))
+            for i in range(6, len(res), 8)]
     return ClaimBatch(now, next_due if next_due >= 0 else None,
-                      next_deadline if next_deadline >= 0 else None, jobs, room, held)
+                      next_deadline if next_deadline >= 0 else None, jobs, room, held,
+                      queue_held)
+
+
+def _validators(raw: Any) -> dict[str, str]:
+    if not raw:
+        return {}
+    stored = json.loads(raw)
+    return {name: stored[wire] for name, wire in
+            (("etag", "et"), ("last_modified", "lm"), ("signature", "sg")) if wire in stored}
 
 
 def _start_reply(res: Sequence[Any]) -> StartResult:
@@ -175,17 +185,18 @@ UPSERT = ScriptSpec(
     reply=_counts)
 CLAIM = ScriptSpec(
     "claim", ("schedule", "queued", "leases", "state", "defs", "counters", "domains",
-              "domain_conf"),
-    args=("limit", "deadline_ms", "bound", "pacing", "status", "queue"), reply=_claim_reply)
+              "domain_conf", "queue_in_flight", "queue_held"),
+    args=("limit", "deadline_ms", "bound", "pacing", "status", "queue", "queue_bound"),
+    reply=_claim_reply)
 #: The job gateway's claim: the same script, from the HTTP schedule straight
 #: into running under an execution lease (``deadline_ms`` is the lease).
 CLAIM_HTTP = ScriptSpec(
     "claim", ("http_schedule", "leases", "leases", "state", "defs", "counters", "domains",
-              "domain_conf"),
+              "domain_conf", "queue_in_flight", "queue_held"),
     args=CLAIM.args, reply=_claim_reply)
 START = ScriptSpec(
     "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf",
-              "http_schedule", "http_wake", "defs"),
+              "http_schedule", "http_wake", "defs", "queue_in_flight"),
     args=("id", "occurrence", "attempt", "delivery", "task", "lease_ms", "expires_ms",
           "pacing", "wait_max_ms"),
     reply=_start_reply)
@@ -197,37 +208,51 @@ ROUTED = ScriptSpec(
     "routed", ("state", "queued"), args=("delivery_ms",),
     group=("id", "occurrence", "attempt", "delivery", "queue", "task"), reply=int)
 RETRYING = ScriptSpec(
-    "retrying", ("leases", "queued", "state"),
+    "retrying", ("leases", "queued", "state", "queue_in_flight"),
     args=("id", "occurrence", "attempt", "deadline_ms", "countdown_ms", "fence"), reply=bool)
 SETTLE = ScriptSpec(
     "settle", ("schedule", "leases", "state", "defs", "paused", "events", "counters", "queued",
-               "domains", "domain_conf", "http_schedule", "http_wake"),
+               "domains", "domain_conf", "http_schedule", "http_wake", "queue_in_flight",
+               "recrawl_mu"),
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
-          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms"),
+          "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms",
+          "changed", "content_signature", "etag", "last_modified", "recrawl"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",
-             "domains", "http_schedule", "http_wake"),
+             "domains", "http_schedule", "http_wake", "queue_in_flight"),
     args=("limit", "max_deliveries", "delivery_ms", "alive_ms"), reply=_reap_reply)
 RESCUE = ScriptSpec(
     "rescue", ("state", "queued", "schedule", "counters", "domains", "http_schedule",
-               "http_wake"),
+               "http_wake", "queue_in_flight"),
     group=("id", "occurrence", "attempt", "delivery"), reply=_names)
 RELEASE = ScriptSpec(
-    "release", ("queued", "schedule", "state", "domains", "http_schedule", "http_wake"),
+    "release", ("queued", "schedule", "state", "domains", "http_schedule", "http_wake",
+                "queue_in_flight"),
     args=("status",), group=("id", "occurrence", "attempt"), reply=int)
 #: The job gateway's release: jobs it claimed (running) for pollers that went away.
 RELEASE_HTTP = ScriptSpec(
-    "release", ("leases", "schedule", "state", "domains", "http_schedule", "http_wake"),
+    "release", ("leases", "schedule", "state", "domains", "http_schedule", "http_wake",
+                "queue_in_flight"),
     args=("status",), group=("id", "occurrence", "attempt"), reply=int)
 CONTROL = ScriptSpec(
     "control", ("defs", "schedule", "leases", "state", "paused", "dead", "static", "queued",
                 "audit", "http_schedule", "http_wake", "tombstones", "tombstone_expiry"),
     args=("operation", *AUDIT_ARGS, "tombstone_ms"), group=("id", "due_ms", "version"),
     reply=_control_reply)
+#: Moving whole jobs between partitions online (see relocate.lua).
+RELOCATE = ScriptSpec(
+    "relocate", ("defs", "state", "schedule", "http_schedule", "queued", "leases", "paused",
+                 "static", "dead", "moving", "http_wake"),
+    args=("operation",), group=("id", "to", "record"), reply=_names)
 DOMAIN = ScriptSpec(
     "domain", ("domains", "domain_conf"), args=("operation", "domain", "changes"), reply=int)
+
+#: The robots.txt cache (on the base prefix): "get" reads and maybe claims, "put" stores.
+ROBOTS: ScriptSpec[Any] = ScriptSpec(
+    "robots", ("robots", "robots_claims", "domains"),
+    args=("operation", "origin", "entry", "claim_or_domain", "crawl_delay_ms"))
 
 NOTIFY = ScriptSpec(
     "notify", ("notify_limits", "notify_digest", "notify_held"),
@@ -243,5 +268,5 @@ OUTBOX_REPORT = ScriptSpec(
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
     for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
-                 RELEASE, CONTROL, DOMAIN, NOTIFY, OUTBOX_REPORT)
+                 RELEASE, CONTROL, RELOCATE, DOMAIN, ROBOTS, NOTIFY, OUTBOX_REPORT)
 }

@@ -7,7 +7,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from celery_zsched.core.audit import Actor, audit_args
@@ -21,8 +21,7 @@ from celery_zsched.core.results import (
 from celery_zsched.core.timing import jitter_ms
 from celery_zsched.store import scripts
 from celery_zsched.store.base import Call, ScriptStream, first, unavailable
-from celery_zsched.store.keys import partition_of
-from celery_zsched.store.reads import Reads
+from celery_zsched.store.moves import MoveDeferred, Moves
 from celery_zsched.store.scripts import ControlReply
 
 
@@ -32,7 +31,7 @@ def version_arg(versions: Mapping[str, int | None] | None, job_id: str) -> str:
     return str(int(version)) if version else ""
 
 
-class Writes(Reads):
+class Writes(Moves):
     """Storing definitions (staggered, idempotent) and the controls: pause, resume,
     run now, delete, reset, requeue, purge; domain overrides."""
 
@@ -48,9 +47,12 @@ class Writes(Reads):
         nothing is written and the report counts the job as ``skipped``.
         ``version``: see ``versions`` of :meth:`upsert_many`.
         """
-        return self.upsert_many([job], stagger=False, static=static, by=by, note=note,
-                                expect={job.id: expect} if expect else None,
-                                versions={job.id: version} if version else None)
+        report = self.upsert_many([job], stagger=False, static=static, by=by, note=note,
+                                  expect={job.id: expect} if expect else None,
+                                  versions={job.id: version} if version else None)
+        if report.deferred:
+            raise MoveDeferred(job.id)
+        return report
 
     @unavailable
     def upsert_many(self, jobs: Iterable[Job], *, stagger: bool = True, static: bool = False,
@@ -87,6 +89,7 @@ class Writes(Reads):
                 **audit_args(self.settings.audit_maxlen, by, note)}
         done = 0
         upsert = scripts.UPSERT
+        self.resume_moves()
         with contextlib.ExitStack() as stack:
             streams: dict[int, ScriptStream] = {}
 
@@ -97,27 +100,36 @@ class Writes(Reads):
                         upsert.key_names(self.parts[part])))
                 return streams[part].call(upsert.argv(flag, rows), len(rows))
 
-            for index, job in enumerate(jobs):
-                phase = index / total if stagger and total else 0.0
-                gap = ""
-                if first_due is not None and job.id in first_due:
-                    due = first_due[job.id]
-                else:
-                    due = job.first_due_ms(now, self.settings, self.rng, phase)
-                    gap = self._gap_after_last_run(job)
-                part = partition_of(job.id, len(self.parts))
-                chunk = chunks[part]
-                chunk.append((job.id, job.to_json(), "" if due is None else str(due),
-                              "1" if job.enabled else "0", job.timing_signature, gap,
-                              job.pacing_domain(self.settings) or "",
-                              "h" if job.transport == "http" else "",
-                              expect.get(job.id, "") if expect else "",
-                              version_arg(versions, job.id)))
-                if len(chunk) >= self.settings.import_chunk:
-                    # Redis runs this chunk while the loop builds the next one.
-                    for rows, result in send(part, chunk):
-                        done = self._tally(upsert.reply(result), report, done + rows, progress)
-                    chunks[part] = []
+            index = 0
+            for batch in self._placed_batches(jobs):
+                homes = {job.id: self.layout.home(job.id, dm) for job, dm in batch}
+                busy = self.place(homes)
+                report.deferred += len(busy)
+                report.deferred_ids += sorted(busy)
+                for job, dm in batch:
+                    index += 1
+                    if job.id in busy:
+                        continue
+                    phase = (index - 1) / total if stagger and total else 0.0
+                    gap = ""
+                    if first_due is not None and job.id in first_due:
+                        due = first_due[job.id]
+                    else:
+                        due = job.first_due_ms(now, self.settings, self.rng, phase)
+                        gap = self._gap_after_last_run(job)
+                    part = homes[job.id]
+                    chunk = chunks[part]
+                    chunk.append((job.id, job.to_json(), "" if due is None else str(due),
+                                  "1" if job.enabled else "0", job.timing_signature, gap,
+                                  dm or "", "h" if job.transport == "http" else "",
+                                  expect.get(job.id, "") if expect else "",
+                                  version_arg(versions, job.id)))
+                    if len(chunk) >= self.settings.import_chunk:
+                        # Redis runs this chunk while the loop builds the next one.
+                        for rows, result in send(part, chunk):
+                            done = self._tally(upsert.reply(result), report, done + rows,
+                                               progress)
+                        chunks[part] = []
             replies = [reply for part, chunk in chunks.items() if chunk
                        for reply in send(part, chunk)]
             replies += [reply for stream in streams.values() for reply in stream.drain()]
@@ -127,6 +139,18 @@ class Writes(Reads):
             progress(done)
         report.seconds = time.perf_counter() - started
         return report
+
+    def _placed_batches(self, jobs: Iterable[Job]) -> Iterator[list[tuple[Job, str | None]]]:
+        """``jobs`` with the domain each is paced under, in batches of ``import_chunk``."""
+        batch: list[tuple[Job, str | None]] = []
+        size = self.settings.import_chunk
+        for job in jobs:
+            batch.append((job, job.pacing_domain(self.settings)))
+            if len(batch) >= size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     def _gap_after_last_run(self, job: Job) -> str:
         """How long after its last run an interval job may run again (interval + jitter).
@@ -179,6 +203,9 @@ class Writes(Reads):
             changed += reply.changed
             stale += reply.stale
             missing += reply.missing
+        if op == "delete":
+            # The job first, then its directory entry.
+            self.unpoint_deleted(ids)
         return ControlReply(changed, stale, tuple(missing))
 
     @unavailable
@@ -275,7 +302,7 @@ class Writes(Reads):
         if adaptive is not None:
             changes["adaptive"] = bool(adaptive)
         if changes:
-            self._call(scripts.DOMAIN, self.keys, operation="set", domain=name,
+            self._call(scripts.DOMAIN, self.domain_keys(name), operation="set", domain=name,
                        changes=json.dumps(changes))
         return self.domain(name)
 
@@ -283,8 +310,9 @@ class Writes(Reads):
     def reset_domain(self, name: str) -> bool:
         """Back to the defaults: drop the overrides and what was learned (in-flight
         accounting stays). ``False`` when the domain was not known."""
-        return bool(self._call(scripts.DOMAIN, self.keys, operation="reset",
-                               domain=normalise_domain(name), changes=""))
+        name = normalise_domain(name)
+        return bool(self._call(scripts.DOMAIN, self.domain_keys(name), operation="reset",
+                               domain=name, changes=""))
 
     def refresh_domains(self, progress: Callable[[int], None] | None = None) -> int:
         """Store every job again so its state names the domain it is paced under.

@@ -15,7 +15,9 @@ and so is one that was never promoted (a forged or stray message, one under
 another task name) or whose zsched headers are malformed: one log line each.
 While the task runs, this process's :class:`~celery_zsched.worker.heartbeat.Heartbeat`
 keeps its execution lease alive under the fence its start returned, which the
-settle presents too. The worker's main process holds every message it
+settle presents too. A completed task's settle is sent without waiting for its
+reply, which the process reads at its next start (:mod:`celery_zsched.store.lane`).
+The worker's main process holds every message it
 received and has not started yet, so if it dies they are republished one lease
 later, not after the broker's visibility timeout (:mod:`~celery_zsched.worker.holds`).
 
@@ -47,11 +49,12 @@ from celery_zsched.worker.headers import (
 )
 from celery_zsched.worker.heartbeat import heartbeat_for
 from celery_zsched.worker.holds import on_received, worker_name
-from celery_zsched.worker.settle import report, settle_occurrence
+from celery_zsched.worker.settle import collect_all, report, send_ahead, settle_occurrence
 from celery_zsched.worker.start import install_start, start_occurrence
+from celery_zsched.worker.validators import validators, visit_of
 
 __all__ = ["MalformedHeaders", "Occurrence", "install", "install_start", "occurrence_of",
-           "report", "start_occurrence"]
+           "report", "start_occurrence", "validators"]
 
 logger = logging.getLogger("celery_zsched")
 _UID = "celery_zsched.worker"
@@ -67,6 +70,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     inherit them."""
     app = _app_of(sender)
     install_start(app)
+    send_ahead()
     extensions.start(app, "worker")
 
 
@@ -89,6 +93,7 @@ def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     """A clean shutdown: stop announcing the worker (running leases are still kept),
     and stop the extensions (the notifiers deliver what is queued, a bounded wait)."""
     app = _app_of(sender)
+    collect_all()  # a solo, threads or green pool ran its tasks in this process
     heartbeat_for(app, store_for_app(app)).retire()
     extensions.stop("worker")
 
@@ -119,7 +124,7 @@ def on_success(sender: Any = None, **_: Any) -> None:
     outcome, error, retry_after, status = (getattr(request, "zsched_outcome", None)
                                            or ("complete", "", None, None))
     settle_occurrence(_app_of(sender), occ, outcome, request, error, retry_after, request.id,
-                      status)
+                      status, visit=getattr(request, "zsched_visit", None))
 
 
 def on_failure(sender: Any = None, task_id: str | None = None,
@@ -133,7 +138,8 @@ def on_failure(sender: Any = None, task_id: str | None = None,
     error = f"{type(exception).__name__}: {exception}" if exception else "failed"
     status = status_of(exception) if exception is not None else None
     retry_after = retry_after_of(exception) if exception is not None else None
-    settle_occurrence(_app_of(sender), occ, "error", request, error, retry_after, task_id, status)
+    settle_occurrence(_app_of(sender), occ, "error", request, error, retry_after, task_id, status,
+                      visit=visit_of(exception, status))
 
 
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:

@@ -7,6 +7,7 @@ sees it, and a message whose headers cannot be trusted is named, not run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,9 @@ class Occurrence:
     #: Which publish of this attempt the message is (``None``: a message from
     #: before fencing); start accepts only one beat made.
     delivery: int | None = None
+    #: Where beat claimed it (``"index@layout"``, ``None``: not said): see
+    #: :meth:`~celery_zsched.store.Store.learn_header`.
+    partition: str | None = None
 
 
 class MalformedHeaders(ValueError):
@@ -75,20 +79,36 @@ def occurrence_of(headers: Any) -> Occurrence | None:
     expires = _header_int(get, "zsched_expires_ms", 0, _MAX_MS, None)
     delivery = _header_int(get, "zsched_delivery", 1, _MAX_COUNT, None)
     assert occurrence is not None and attempt is not None  # required: raised above
-    return Occurrence(job_id, occurrence, attempt, due or 0, promoted or 0, expires, delivery)
+    partition = get("zsched_partition")
+    # Only a hint (a wrong one finds nothing and the directory decides): bounded, not trusted.
+    hint = partition if isinstance(partition, str) and len(partition) <= 40 else None
+    return Occurrence(job_id, occurrence, attempt, due or 0, promoted or 0, expires, delivery,
+                      hint)
+
+
+#: Where a request keeps its parsed occurrence: every hook of an execution asks.
+_PARSED = "zsched_parsed"
 
 
 def from_request(request: Any) -> Occurrence | None:
     """The occurrence of ``request``; raises :class:`MalformedHeaders` for bad headers."""
     if request is None:
         return None
+    # Named by the request's identity: Celery copies a request's attributes into
+    # the context of a task called from inside it, whose headers may differ.
+    parsed = getattr(request, _PARSED, None)
+    if parsed is not None and parsed[0] == id(request):
+        return parsed[1]  # type: ignore[no-any-return]
+    found = None
     for source in (getattr(request, "headers", None), getattr(request, "request_dict", None),
                    getattr(request, "_request_dict", None), request):
         if source is not None:
             found = occurrence_of(source)
             if found is not None:
-                return found
-    return None
+                break
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(request, _PARSED, (id(request), found))
+    return found
 
 
 def occurrence_or_none(request: Any) -> Occurrence | None:

@@ -15,7 +15,8 @@ held one lease later, instead of after the broker's visibility timeout. A
 message taken less than a beat before the death has no hold yet: on a Redis
 broker beat finds it in the broker's unacked index a lease later
 (:mod:`celery_zsched.beat.unacked`). Holding costs no round trip of its own,
-except before a message is acknowledged unstarted (:mod:`celery_zsched.worker.holds`).
+except before a message is acknowledged unstarted (:mod:`celery_zsched.worker.holds`),
+and even that one is sent ahead of its reply on a Redis broker.
 And the worker records itself as alive, which is what tells the reaper that a
 message past its delivery deadline was lost rather than only waiting for
 workers to come back.
@@ -34,6 +35,8 @@ from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.store import Held, Store
 
 logger = logging.getLogger("celery_zsched")
+#: Most holds one :meth:`Heartbeat.hold_now` records in its round trip.
+HOLD_BATCH = 200
 
 
 class Heartbeat:
@@ -52,6 +55,8 @@ class Heartbeat:
         self._held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
         #: The requests whose holds Redis has recorded (a beat or :meth:`hold_now`).
         self._recorded: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The requests whose holds were sent and whose replies are unread.
+        self._sending: weakref.WeakSet[Any] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
 
     def track(self, job_id: str, occurrence: int, attempt: int,
@@ -73,40 +78,76 @@ class Heartbeat:
             return [(job_id, o, a) if f is None else (job_id, o, a, f)
                     for job_id, (o, a, f) in self._running.items()]
 
-    def hold(self, request: Any, row: Held, holder: str) -> None:
+    def hold(self, request: Any, row: Held, holder: str, *, record: bool = False) -> None:
         """Hold the message of ``request`` (id, occurrence, attempt, delivery, task) for as
-        long as the request object lives, from the next beat on."""
+        long as the request object lives, from the next beat on (``record``: from now,
+        sent without waiting for the reply, which :meth:`hold_now` reads if it needs it)."""
         with self._lock:
             self._held[request] = row
             self.holder = self.holder or holder
         self._ensure_thread()
+        if record:
+            self._record_soon(request, row)
+
+    def _record_soon(self, request: Any, row: Held) -> None:
+        with self._lock:
+            self._sending.add(request)
+
+        def recorded(gone: list[str] | None) -> None:
+            with self._lock:
+                self._sending.discard(request)
+                if gone is None:
+                    return  # no reply: a beat or hold_now records it
+                if row[0] in gone:
+                    self._held.pop(request, None)
+                else:
+                    self._recorded.add(request)
+        try:
+            self.store.hold_soon(row, self.worker or self.holder, recorded)
+        except StoreUnavailable:
+            with self._lock:
+                self._sending.discard(request)  # the next beat tries
 
     def hold_now(self, request: Any, row: Held, holder: str) -> None:
         """:meth:`hold`, and record the hold in Redis now unless a beat has already.
 
         For a message about to be acknowledged before it starts: from then on
-        only the hold tells the reaper about it. Redis unreachable: logged, and
-        the message goes on (its start needs Redis too, and retries).
+        only the hold tells the reaper about it. Every other message this
+        process holds and Redis does not know of yet (the prefetch received
+        since) is recorded in the same round trip, so the next ones to be
+        acknowledged need none: one round trip per prefetch, not per message.
+        Redis unreachable: logged, and the message goes on (its start needs
+        Redis too, and retries).
         """
         with self._lock:
             self._held[request] = row
             self.holder = self.holder or holder
-            recorded = request in self._recorded
+            if request in self._recorded:
+                return
+            sent = request in self._sending
+        if sent:  # its hold went out on receipt: the reply is all but certainly back
+            self.store.collect()
+        with self._lock:
+            if request in self._recorded:
+                return
+            batch = [(each, held) for each, held in self._held.items()
+                     if each not in self._recorded][:HOLD_BATCH - 1]
+            if all(each is not request for each, _ in batch):
+                batch.append((request, row))
         self._ensure_thread()
-        if recorded:
-            return
         try:
-            kept = self.store.hold(row, self.worker or self.holder)
+            gone = set(self.store.hold([held for _, held in batch], self.worker or self.holder))
         except StoreUnavailable as exc:
             logger.warning("zsched: could not hold %s before acknowledging it (%s); if this "
                            "worker dies before it starts, it waits for its delivery deadline",
                            row[0], exc)
             return
         with self._lock:
-            if kept:
-                self._recorded.add(request)
-            else:
-                self._held.pop(request, None)
+            for each, held in batch:
+                if held[0] in gone:
+                    self._held.pop(each, None)
+                else:
+                    self._recorded.add(each)
 
     def unhold(self, job_id: str) -> None:
         """This process started (or dropped) ``job_id``'s message: it holds it no more."""
@@ -137,6 +178,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         """One heartbeat now: extend every lease held and every hold, drop what moved on."""
+        self.store.collect()  # replies of holds sent ahead that no acceptance read
         running = self.running()
         with self._lock:
             holds = list(self._held.items())

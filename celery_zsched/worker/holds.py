@@ -15,8 +15,11 @@ Two moments need a hold:
   acknowledged the moment a pool process accepts it, before that process has
   run the start compare-and-set. Killed in between, the message is gone from
   every broker and the occurrence is not running: nothing but a hold
-  names it. So the hold is recorded in Redis (one round trip) before the
-  acknowledgement, unless a heartbeat recorded it already.
+  names it. So the hold is recorded in Redis before the acknowledgement. Where
+  the receipt holds already (a Redis broker), it is sent then, and the
+  acceptance only reads its reply, which has long come back: no round trip
+  waited for. Else (RabbitMQ, or no reply) one round trip records it, and with
+  it every message received and not recorded yet.
 """
 
 from __future__ import annotations
@@ -47,8 +50,12 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     if occ is None or not _broker_keeps_unacked(sender):
         return
     app = getattr(sender, "app", None) or request.task.app
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
+    # A task acknowledged as it is accepted needs its hold recorded by then: sent
+    # now, its reply is read at the acceptance, which so waits for no round trip.
     heartbeat_for(app, store_for_app(app)).hold(request, held_row(occ, request),
-                                                worker_name(getattr(sender, "hostname", None)))
+                                                worker_name(getattr(sender, "hostname", None)),
+                                                record=not getattr(request.task, "acks_late", True))
 
 
 def hold_before_ack(request: Any) -> None:
@@ -57,6 +64,7 @@ def hold_before_ack(request: Any) -> None:
     if occ is None:
         return
     app = request.task.app
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     heartbeat_for(app, store_for_app(app)).hold_now(request, held_row(occ, request),
                                                     worker_name(request.hostname))
 

@@ -15,10 +15,11 @@ from celery_zsched.core.errors import JobFailed, StoreUnavailable
 from celery_zsched.core.telemetry import log_event
 from celery_zsched.services.appstore import store_for_app
 from celery_zsched.store import StartResult
+from celery_zsched.worker import robots
 from celery_zsched.worker.headers import MalformedHeaders, Occurrence, from_request
 from celery_zsched.worker.heartbeat import heartbeat_for
 from celery_zsched.worker.holds import holding_request
-from celery_zsched.worker.settle import settle_occurrence, with_retries
+from celery_zsched.worker.settle import collect_sent, settle_occurrence, with_retries
 
 logger = logging.getLogger("celery_zsched")
 
@@ -75,6 +76,8 @@ def start_occurrence(task: Any) -> None:
         request.zsched_started_ms = result.now_ms
         request.zsched_started_mono = time.monotonic()
         heartbeat.track(occ.job_id, occ.occurrence, occ.attempt, result.fence)
+        if not robots.permit(task.app, occ, request, result):
+            raise Ignore()  # settled blocked_by_robots: the body never runs
         return
     if result.status == "refused":
         log_event("job_refused", logging.WARNING, job_id=occ.job_id, occurrence=occ.occurrence,
@@ -95,10 +98,14 @@ def start_occurrence(task: Any) -> None:
 def _start_paced(app: Any, occ: Occurrence, task: str) -> StartResult:
     """The start compare-and-set; while the domain's start gate opens within a
     short wait (``wait``), sleep until then and try again."""
+    store_for_app(app).learn_header(occ.job_id, occ.partition)
     while True:
         result: StartResult = with_retries("start", occ, lambda: store_for_app(app).start(
             occ.job_id, occ.occurrence, occ.attempt, occ.expires_ms, delivery=occ.delivery,
             task=task), START_RETRY_S)
+        # This process's settles sent ahead went out before this start, so their
+        # replies are all but certainly back too: read them now, at no wait.
+        collect_sent(app)
         if result.status != "wait":
             return result
         time.sleep((result.until_ms or 1) / 1000)

@@ -13,6 +13,7 @@ import time
 from datetime import datetime, timezone
 
 from django.http import HttpRequest, HttpResponse
+from django.utils.http import http_date, parse_http_date_safe
 
 #: The ``Retry-After`` a rate-limited answer sends (seconds): short, so the
 #: closed gate opens and closes again while you watch ``zsched domains``.
@@ -34,8 +35,10 @@ _ratelimited_lock = threading.Lock()
 _ratelimited_count = 0
 
 
-def _rss(request: HttpRequest, n: int, items: int = 10) -> str:
-    now = datetime.now(timezone.utc).strftime("%a, %d %b %Y %H:%M:%S +0000")
+def _rss(request: HttpRequest, n: int, items: int = 10, stamp: float | None = None) -> str:
+    when = datetime.now(timezone.utc) if stamp is None else datetime.fromtimestamp(
+        stamp, timezone.utc)
+    now = when.strftime("%a, %d %b %Y %H:%M:%S +0000")
     # Links on the host that was asked: the feeds live on several loopback hosts.
     site = f"http://{request.get_host()}"
     entries = "".join(
@@ -53,9 +56,26 @@ def _xml(body: str, status: int = 200) -> HttpResponse:
     return HttpResponse(body, status=status, content_type="application/rss+xml")
 
 
+#: A healthy feed publishes a new version every this many seconds (staggered by
+#: feed), so conditional requests in between answer 304.
+FEED_VERSION_S = int(os.environ.get("SCRAPERS_FEED_VERSION_S", "300"))
+
+
 def feed(request: HttpRequest, n: int) -> HttpResponse:
-    """A healthy feed: 200 with a few items."""
-    return _xml(_rss(request, n))
+    """A healthy feed: 200 with a few items, an ``ETag`` and a ``Last-Modified``; a
+    request whose ``If-None-Match`` (or ``If-Modified-Since``) still matches gets 304."""
+    version = int((time.time() + n * 37) // FEED_VERSION_S)
+    published = version * FEED_VERSION_S - n * 37
+    etag = f'"feed-{n}-v{version}"'
+    modified = http_date(published)
+    match = request.headers.get("If-None-Match")
+    since = parse_http_date_safe(request.headers.get("If-Modified-Since") or "")
+    if match == etag or (match is None and since is not None and since >= int(published)):
+        response = HttpResponse(status=304)
+    else:
+        response = _xml(_rss(request, n, stamp=published))
+    response["ETag"], response["Last-Modified"] = etag, modified
+    return response
 
 
 def slow(request: HttpRequest, n: int) -> HttpResponse:

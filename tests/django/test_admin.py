@@ -78,7 +78,8 @@ def form_data(**overrides: Any) -> dict[str, Any]:
         "jitter_s": "", "start_at_0": "", "start_at_1": "", "end_at_0": "", "end_at_1": "",
         "max_runs": "", "misfire_grace_s": "", "meta": "{}", "args": "[]", "kwargs": "{}",
         "queue": "", "routing_key": "", "priority": "", "expires_s": "", "retry_max": "",
-        "retry_base_s": "", "transport": "celery",
+        "retry_base_s": "", "transport": "celery", "recrawl": "fixed", "min_interval_s": "",
+        "max_interval_s": "", "freshness_target": "",
         # The recent-runs inline is read-only: an empty management form is enough.
         "runs-TOTAL_FORMS": "0", "runs-INITIAL_FORMS": "0",
         "runs-MIN_NUM_FORMS": "0", "runs-MAX_NUM_FORMS": "0",

@@ -107,6 +107,8 @@ class Hit:
     path: str
     query: dict[str, str]
     at: float  # time.monotonic() of arrival
+    #: The If-None-Match the request sent (a conditional fetch), if any.
+    if_none_match: str | None = None
 
     @property
     def task_id(self) -> str | None:
@@ -119,13 +121,18 @@ class Hit:
         return self.query.get(WORKER_ID_PARAM)
 
 
+#: The one version of every ``/etag`` page.
+ETAG = '"v1"'
+
+
 class TargetServer(ThreadingHTTPServer):
     """A local scrape target recording every hit.
 
     ``/ok...`` answers 200, ``/fail...`` 500, ``/429...`` 429 with
     ``Retry-After: <after>``, ``/slow...?s=N`` sleeps N s before its 200,
-    but only on the first request of each task id, so a redelivery is fast, and
-    ``/sleep...?s=N`` sleeps N s before every 200.
+    but only on the first request of each task id, so a redelivery is fast,
+    ``/sleep...?s=N`` sleeps N s before every 200, and ``/etag...`` answers 200
+    with ``ETag: "v1"``, or 304 to an ``If-None-Match: "v1"``.
     """
 
     daemon_threads = True
@@ -173,10 +180,13 @@ class _TargetHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
         query = dict(parse_qsl(parts.query))
-        self.server.record(Hit(parts.path, query, time.monotonic()))
+        match = self.headers.get("If-None-Match")
+        self.server.record(Hit(parts.path, query, time.monotonic(), match))
         path = parts.path
         if path.startswith("/ok"):
             self._reply(200)
+        elif path.startswith("/etag"):
+            self._reply(304 if match == ETAG else 200, {"ETag": ETAG})
         elif path.startswith("/fail"):
             self._reply(500)
         elif path.startswith("/429"):
@@ -400,15 +410,15 @@ class Deployment:
 
     def start_worker(self, name: str = "worker", pool: str = "solo",
                      concurrency: int = 1, env: dict[str, str] | None = None,
-                     args: Sequence[str] = ()) -> Proc:
-        """``celery worker`` consuming this deployment's queue (``env``: extra variables,
-        ``args``: more command-line options).
+                     args: Sequence[str] = (), queue: str | None = None) -> Proc:
+        """``celery worker`` consuming this deployment's queue, or ``queue`` (``env``:
+        extra variables, ``args``: more command-line options).
 
         Its tasks tell the target ``name`` (:attr:`Hit.worker`): give each
         worker process a name of its own.
         """
         return self._spawn(name, [
-            "worker", "-P", pool, "-c", str(concurrency), "-Q", self.queue,
+            "worker", "-P", pool, "-c", str(concurrency), "-Q", queue or self.queue,
             "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
             "--without-heartbeat", "--without-gossip", "--without-mingle", *args],
             {ENV_WORKER_ID: name, **(env or {})})

@@ -29,6 +29,7 @@ from tests.e2e.names import (
     ENV_BROKER_URL,
     ENV_HTTP_TIMEOUT_S,
     ENV_QUEUE,
+    ENV_SPANS_FILE,
     ENV_START_DELAY_S,
     ENV_WORKER_ID,
     OTHER_TASK,
@@ -54,6 +55,13 @@ app.conf.update(
     beat_schedule=json.loads(os.environ.get(ENV_BEAT_SCHEDULE) or "{}"),
     zsched_default_task=SCRAPE_TASK,
 )
+if os.environ.get(ENV_SPANS_FILE):
+    # zsched_tracing (ZSCHED_TRACING) finds this provider: beat's, the worker's
+    # pool processes' (inherited through the fork) and the server's spans.
+    from tests.spans import export_to
+
+    export_to(os.environ[ENV_SPANS_FILE])
+
 if os.environ.get(ENV_BEAT_DIE_AFTER_S):
     from celery_zsched.beat.scheduler import ZSchedScheduler
 
@@ -122,10 +130,13 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
     meta = meta or {}
     timeout = float(os.environ.get(ENV_HTTP_TIMEOUT_S, "60"))
     tagged = _with_task_id(url, str(self.request.id))
+    # Conditional: the validators of the last visit, from the message's headers.
+    request = urllib.request.Request(tagged, headers=celery_zsched.worker.validators())
     try:
-        with urllib.request.urlopen(tagged, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             resp.read()
             status = int(resp.status)
+            etag = resp.headers.get("ETag")
     except urllib.error.HTTPError as exc:
         retry_after = _retry_after(exc.headers)
         if exc.code == 429:
@@ -142,7 +153,8 @@ def scrape(self: Task[Any, Any], url: str, meta: dict[str, Any] | None = None) -
         return exc.code
     if meta.get("celery_retry_s") and not self.request.retries:
         raise self.retry(countdown=float(meta["celery_retry_s"]))
-    celery_zsched.worker.report("complete", status=status)
+    celery_zsched.worker.report("complete", status=status, etag=etag,
+                                changed=True if etag else None)
     return status
 
 

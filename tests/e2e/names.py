@@ -37,3 +37,5 @@ ENV_BEAT_SCHEDULE = "E2E_BEAT_SCHEDULE"
 TASK_ID_PARAM = "tid"
 #: Query parameter through which it names the worker (``E2E_WORKER_ID``) running it.
 WORKER_ID_PARAM = "wid"
+#: A file the app's processes append their spans to as JSON lines (``tests/spans.py``).
+ENV_SPANS_FILE = "E2E_SPANS_FILE"

@@ -75,7 +75,19 @@ def stuck_report(d: Deployment, ids: list[str], since_ms: int) -> str:
              if job_id in ids and st.status != "dead" and (st.last_settled_ms or 0) <= since_ms}
     deadlines = d.store.client.zrange(d.store.keys.queued, 0, 4, withscores=True)
     return (f"{len(stuck)} parked, e.g. {list(stuck.items())[:3]}; first deadlines "
-            f"{deadlines}, now {d.store.now_ms()}")
+            f"{deadlines}, now {d.store.now_ms()}; {_broker_holds(d, list(stuck)[:3])}")
+
+
+def _broker_holds(d: Deployment, ids: list[str]) -> str:
+    """Where a Redis broker has the messages of ``ids``: its queue, its unacked hash."""
+    if d.broker is None or not ids:
+        return "broker not read"
+    waiting = [raw for raw in d.broker.lrange(d.queue, 0, -1)]
+    unacked = list(d.broker.hvals("unacked"))
+    found = {job_id: (sum(job_id in str(raw) for raw in waiting),
+                      sum(job_id in str(raw) for raw in unacked)) for job_id in ids}
+    return (f"broker (in queue, unacked) per job {found}, queue length {len(waiting)}, "
+            f"unacked {len(unacked)}")
 
 
 def counters(d: Deployment) -> Counter[str]:

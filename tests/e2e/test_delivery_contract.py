@@ -221,8 +221,9 @@ def test_crash_loop_reruns_only_what_a_kill_interrupted_and_loses_nothing(
     # held under its lease: the reaper republishes it one lease after the kill. The
     # delivery deadline and kombu's visibility timeout stay at their defaults (2 h, 1 h):
     # tests/e2e/test_recovery_worker.py proves the same with every timeout at its default.
+    # One queue: its bound is the whole cap, as before bounds per queue.
     d = deploy(lease_s=LEASE_S, max_deliveries=CRASH_MAX_DELIVERIES, batch_size=25,
-               max_queued=50)
+               max_queued=50, queue_max_queued=50)
     n = CRASH_JOBS
     jobs = [d.job(url=target.url(f"/sleep/crash/{i}?s={CRASH_TASK_S}"),
                   interval_s=CRASH_INTERVAL_S) for i in range(n)]
@@ -315,7 +316,9 @@ def test_backlog_at_half_the_due_rate_stays_within_the_bound_and_runs_every_job_
         deploy: Callable[..., Deployment], target: TargetServer,
         request: pytest.FixtureRequest) -> None:
     begun = time.monotonic()
-    d = deploy(lease_s=LEASE_S, batch_size=10, max_queued=BACKLOG_BOUND)
+    # One queue: its bound is the total cap here, the bound this test proves.
+    d = deploy(lease_s=LEASE_S, batch_size=10, max_queued=BACKLOG_BOUND,
+               queue_max_queued=BACKLOG_BOUND)
     jobs = [d.job(url=target.url(f"/sleep/backlog/{i}?s={BACKLOG_TASK_S}"),
                   interval_s=BACKLOG_INTERVAL_S) for i in range(BACKLOG_JOBS)]
     assert d.store.upsert_many(jobs).created == BACKLOG_JOBS  # staggered over the interval

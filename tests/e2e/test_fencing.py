@@ -76,7 +76,10 @@ def test_a_worker_stopped_past_its_lease_changes_nothing_when_it_resumes(
     assert json.loads(event["data"])["task_id"] == task_id_for(job.id, started.occurrence, 1)
     [fenced] = log_events(a.text(), "job_fenced")
     assert (fenced["job_id"], fenced["fence"]) == (job.id, 1)
-    assert [e["applied"] for e in log_events(b.text(), "job_complete")] == [True]
+    # b's log line follows its settle: the reply is read after the settle applied.
+    completes = d.wait_for(lambda: log_events(b.text(), "job_complete"), 30,
+                           "b's job_complete line")
+    assert [e["applied"] for e in completes] == [True]
     assert d.store.stats()["total_redelivered"] == 1
 
 

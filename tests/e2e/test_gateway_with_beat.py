@@ -12,7 +12,7 @@ import pytest
 
 from e2e.conftest import Deployment, TargetServer
 from tests.gateway.conftest import LEASE_SECRET, TOKENS, WORKER
-from tests.helpers import free_port, wait
+from tests.helpers import answers, free_port, wait
 
 pytestmark = [
     pytest.mark.slow,
@@ -34,7 +34,7 @@ def test_celery_jobs_and_http_jobs_each_reach_only_their_own_workers(
     d._spawn("gateway", ["zsched", "serve", "--port", str(port), "--log-level", "warning"])
     d.start_beat()
     d.start_worker(pool="threads", concurrency=2)
-    wait(lambda: _answers(port), 120, "zsched serve to answer")
+    wait(lambda: answers(port), 120, "zsched serve to answer")
     node = subprocess.Popen(["node", str(WORKER_JS), f"http://127.0.0.1:{port}", WORKER],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
@@ -56,12 +56,3 @@ def test_celery_jobs_and_http_jobs_each_reach_only_their_own_workers(
     assert all(job.id not in worker_log for job in jobs if job.transport == "http")
     assert all(job.id in worker_log for job in jobs if job.transport == "celery")
 
-
-def _answers(port: int) -> bool:
-    import httpx
-
-    try:
-        httpx.get(f"http://127.0.0.1:{port}/jobs/next", timeout=1)
-    except httpx.HTTPError:
-        return False
-    return True

@@ -36,8 +36,9 @@ def promoted(text: str) -> int:
 def test_two_beats_publish_each_of_2000_due_occurrences_exactly_once(
         deploy: Callable[..., Deployment]) -> None:
     # Small batches, so the two beats interleave many claims instead of one each.
-    # No worker runs, so the backpressure bound must admit the whole storm.
-    d = deploy(batch_size=50, max_queued=JOBS)
+    # No worker runs, so the backpressure bound must admit the whole storm (one
+    # queue: its bound is the whole cap).
+    d = deploy(batch_size=50, max_queued=JOBS, queue_max_queued=JOBS)
     beats = [d.start_beat("beat1"), d.start_beat("beat2")]
     d.wait_for(lambda: all("static_synced" in b.text() for b in beats), 30,
                "both beats to start ticking")

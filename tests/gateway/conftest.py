@@ -77,9 +77,10 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
     def start(redis_url: str | None = None, *, store: Store | None = None,
-              writer: JobWriter | None = None, **overrides: Any) -> Served:
+              writer: JobWriter | None = None, http: str = "auto", **overrides: Any) -> Served:
         """``store`` given: served as it is (its settings hold the tokens); ``writer``
-        takes the management API's changes (default: the store)."""
+        takes the management API's changes (default: the store); ``http``: the parser
+        (``zsched serve --http``)."""
         values = {"api_tokens": TOKENS, "gateway_lease_secret": LEASE_SECRET,
                   "gateway_timeout_s": 2.0, "gateway_lease_s": 30.0, "max_jitter_s": 0.0,
                   **overrides}
@@ -89,7 +90,7 @@ def serve(make_store: Callable[..., Store]) -> Iterator[Callable[..., Served]]:
         app = create_app(store, writer=writer)
         port = free_port()
         # The server's own configuration (its guarded protocol), as zsched serve's.
-        config = server_config(app, "127.0.0.1", port, log_level="warning",
+        config = server_config(app, "127.0.0.1", port, log_level="warning", http=http,
                                timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
@@ -167,7 +168,12 @@ def serve_process(redis_url: str, prefix: str, port: int, log_level: str = "warn
         return True
 
     # Start-up only: a loaded machine can take long to import; an exit fails at once.
-    wait(answers, 120, "zsched serve to answer", interval=0.1)
+    try:
+        wait(answers, 120, "zsched serve to answer", interval=0.1)
+    except BaseException:
+        proc.kill()  # the caller never gets it to stop: it must not outlive the test
+        proc.wait(10)
+        raise
     return proc
 
 

@@ -27,7 +27,7 @@ def test_a_job_claimed_for_a_poll_that_left_meanwhile_goes_back(
         dispatcher = Dispatcher(store)
         waiter = dispatcher.enter("")
         batch = store.claim_http(1)  # the claim is under way ...
-        assert dispatcher.withdraw(waiter) is None  # ... when the poll times out
+        assert dispatcher.withdraw(waiter) == []  # ... when the poll times out
         left = dispatcher._hand_out("", batch.jobs)
         dispatcher.give_back(left)
         await dispatcher.close()

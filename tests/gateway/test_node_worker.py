@@ -65,9 +65,9 @@ class Deployment:
         self.workers: list[subprocess.Popen[str]] = []
         self.output: str | None = None
 
-    def worker(self) -> subprocess.Popen[str]:
-        """Start one Node.js worker."""
-        proc = subprocess.Popen(["node", str(WORKER_JS), self.url, WORKER],
+    def worker(self, batch: int = 1) -> subprocess.Popen[str]:
+        """Start one Node.js worker (``batch`` > 1: it polls and reports in batches)."""
+        proc = subprocess.Popen(["node", str(WORKER_JS), self.url, WORKER, "", str(batch)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.workers.append(proc)
         return proc
@@ -144,6 +144,29 @@ def test_a_node_workers_errors_retry_with_backoff(
     # A 429's Retry-After (1 s) sets the retry delay instead of the backoff.
     wait(lambda: len(target.hits("/429/r")) >= 2, 10, "the 429 job's retry")
     assert _gaps(target.times("/429/r"))[0] == pytest.approx(1.0, abs=0.3)
+
+
+def test_a_node_worker_in_batch_mode_settles_every_job_once(
+        deploy: Callable[..., Deployment], target: TargetServer) -> None:
+    d = deploy(gateway_timeout_s=5, retry_max=0)
+    ids = [f"n{n}" for n in range(30)]
+    d.store.upsert_many([_job(i, target.url(f"/ok/{i}"), interval_s=3600) for i in ids]
+                        + [_job("bad", target.url("/fail/bad"), interval_s=3600)],
+                        stagger=False)
+    proc = d.worker(batch=8)
+    wait(lambda: all(d.store.get(i).state.runs == 1 for i in ids)
+         and d.store.get("bad").state.last_error == "HTTP 500", 20, "every job to run")
+    proc.kill()
+    assert proc.stdout is not None
+    lines = [json.loads(line) for line in proc.stdout.read().splitlines()
+             if line.startswith("{")]
+    reported = [line for line in lines if line["event"] == "reported"]
+    assert sorted(line["id"] for line in reported) == sorted([*ids, "bad"])  # each once
+    assert all(line["status"] == 200 and line["answer"]["applied"] for line in reported)
+    assert {line["answer"]["outcome"] for line in reported if line["id"] == "bad"} == {"error"}
+    # In batches: more than one job per request.
+    assert max(line["batch"] for line in reported) > 1
+    assert all(len(target.hits(f"/ok/{i}")) == 1 for i in ids)
 
 
 def test_a_node_worker_killed_mid_job_gets_its_job_back_after_the_lease(

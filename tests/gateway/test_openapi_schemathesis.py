@@ -47,12 +47,12 @@ EXAMPLES = 1000 if SOAK else 60
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, response_headers_conformance]
 #: Jobs the module seeds: most HTTP ones are claimed for their lease tokens.
-HTTP_IDS = [f"st-http-{n}" for n in range(22)] + ["st/with/slashes", "st:colon@x"]
+HTTP_IDS = [f"st-http-{n}" for n in range(28)] + ["st/with/slashes", "st:colon@x"]
 CELERY_IDS = ["st-celery-1", "st-celery-2"]
 #: Jobs only DELETE may pick, so that it leaves the others to the other operations.
 DOOMED_IDS = [f"st-doomed-{n}" for n in range(8)]
 #: The gateway's reports, each with leases of its own (a report spends its lease).
-REPORTS = ("complete", "error", "heartbeat")
+REPORTS = ("complete", "error", "heartbeat", "report")
 LEASES_EACH = 6
 
 
@@ -108,6 +108,8 @@ def live_api(redis_server: Any) -> Iterator[LiveApi]:
 def _choices(case: Any, api: LiveApi) -> list[tuple[str, str | None] | None]:
     """What may stand in for a case's job id: nothing, a seeded id, or for a report a
     claimed job's id and lease."""
+    if case.path == "/jobs/report":
+        return [None, *api.leases["report"]]
     if "job_id" not in (case.path_parameters or {}):
         return [None]
     if case.path.startswith("/jobs/"):
@@ -120,6 +122,13 @@ def _swap(case: Any, choice: tuple[str, str | None] | None) -> None:
     if choice is None:
         return
     job_id, lease = choice
+    if case.path == "/jobs/report":
+        reports = case.body.get("reports") if isinstance(case.body, dict) else None
+        if isinstance(reports, list) and reports and isinstance(reports[0], dict):
+            # The batch's first report on a claimed job: it may apply.
+            case.body = {**case.body, "reports": [{**reports[0], "id": job_id,
+                                                   "lease": lease}, *reports[1:]]}
+        return
     case.path_parameters = {**case.path_parameters, "job_id": job_id}
     if lease is not None and isinstance(case.body, dict):
         case.body = {**case.body, "lease": lease}

@@ -6,23 +6,18 @@
 // It echoes the lease token and the telemetry it was handed. Each step is
 // logged as one JSON line on stdout, for the tests to read.
 //
-// Usage: node worker.mjs GATEWAY_URL TOKEN [QUEUE]
-const [gateway, token, queue = ""] = process.argv.slice(2);
+// With BATCH > 1 it polls GET /jobs/next?max=BATCH, runs the jobs it got at
+// once, and reports them all in one POST /jobs/report; each report gets its own
+// answer, with the status the single route would have given as `code`.
+//
+// Usage: node worker.mjs GATEWAY_URL TOKEN [QUEUE] [BATCH]
+const [gateway, token, queue = "", batchArg = "1"] = process.argv.slice(2);
+const batch = Number.parseInt(batchArg, 10) || 1;
 const headers = { Authorization: `Bearer ${token}`, "Content-Type": "application/json" };
 const log = (event, fields) => console.log(JSON.stringify({ event, at: Date.now(), ...fields }));
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function report(job, outcome, body) {
-  const res = await fetch(`${gateway}/jobs/${encodeURIComponent(job.id)}/${outcome}`, {
-    method: "POST",
-    headers,
-    body: JSON.stringify({
-      lease: job.lease, scheduled_at: job.scheduled_at, picked_up_at: job.picked_up_at, ...body,
-    }),
-  });
-  log("reported", { id: job.id, outcome, status: res.status, answer: await res.json() });
-}
-
+// What to report for one job: its outcome, and the fields of that outcome's report.
 async function run(job) {
   log("job", { id: job.id, url: job.url, occurrence: job.occurrence, attempt: job.attempt });
   let res;
@@ -30,16 +25,48 @@ async function run(job) {
     res = await fetch(job.url);
     await res.arrayBuffer();
   } catch (err) {
-    return report(job, "error", { error: `fetch failed: ${err.message}` });
+    return ["error", { error: `fetch failed: ${err.message}` }];
   }
-  if (res.ok) return report(job, "complete", {});
+  if (res.ok) return ["complete", {}];
   const body = { error: `HTTP ${res.status}`, status: res.status };
   const retryAfter = Number.parseFloat(res.headers.get("retry-after") ?? "");
   if (Number.isFinite(retryAfter)) body.retry_after = retryAfter;
-  return report(job, "error", body);
+  return ["error", body];
 }
 
-const query = queue ? `?queue=${encodeURIComponent(queue)}` : "";
+const echo = (job) => ({
+  lease: job.lease, scheduled_at: job.scheduled_at, picked_up_at: job.picked_up_at,
+});
+
+async function report(job, outcome, body) {
+  const res = await fetch(`${gateway}/jobs/${encodeURIComponent(job.id)}/${outcome}`, {
+    method: "POST", headers, body: JSON.stringify({ ...echo(job), ...body }),
+  });
+  log("reported", { id: job.id, outcome, status: res.status, answer: await res.json() });
+}
+
+async function reportAll(jobs, outcomes) {
+  const reports = jobs.map((job, i) => ({
+    id: job.id, outcome: outcomes[i][0], ...echo(job), ...outcomes[i][1],
+  }));
+  const res = await fetch(`${gateway}/jobs/report`, {
+    method: "POST", headers, body: JSON.stringify({ reports }),
+  });
+  const answer = await res.json();
+  if (res.status !== 200) {
+    log("batch_refused", { status: res.status, answer });
+    return;
+  }
+  answer.results.forEach(({ code, ...rest }, i) => {
+    log("reported", { id: jobs[i].id, outcome: outcomes[i][0], status: code, answer: rest,
+                      batch: jobs.length });
+  });
+}
+
+const params = new URLSearchParams();
+if (queue) params.set("queue", queue);
+if (batch > 1) params.set("max", String(batch));
+const query = params.size ? `?${params}` : "";
 for (;;) {
   let res;
   try {
@@ -50,7 +77,14 @@ for (;;) {
     continue;
   }
   if (res.status === 200) {
-    await run(await res.json());
+    if (batch > 1) {
+      const { jobs } = await res.json();
+      await reportAll(jobs, await Promise.all(jobs.map(run)));
+    } else {
+      const job = await res.json();
+      const [outcome, body] = await run(job);
+      await report(job, outcome, body);
+    }
   } else if (res.status === 204) {
     await res.arrayBuffer();
   } else {

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -290,3 +292,29 @@ def test_a_body_with_several_bad_fields_names_each_of_them(
     assert problem["field"] == "url"  # the first, as before
     assert {e["field"] for e in edit.json()["errors"]} == {"interval_s", "priority"}
     assert {e["field"] for e in params.json()["errors"]} == {"limit", "kind"}
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_request_head_over_16_kib_is_refused_400_and_closed_on_either_parser(
+        serve: Callable[..., Served], http: str) -> None:
+    """httptools has no limit of its own on a request's head: the guard keeps h11's."""
+    served = serve(http=http)
+    port = int(served.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /jobs/next HTTP/1.1\r\nHost: x\r\n")
+        sent = 0
+        answer = b""
+        try:
+            while sent < 1024 * 1024:  # a megabyte of headers, if nothing stops it
+                sock.sendall(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+                sent += 1009
+        except OSError:  # the server closed: what was sent past the cap is refused
+            pass
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert sent < 1024 * 1024 or answer  # cut, not read to the end
+    # And a request with ordinary headers is served as before.
+    with served.client(WORKER) as client:
+        assert client.get("/jobs/next", params={"timeout": 0}).status_code == 204

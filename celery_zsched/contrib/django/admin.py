@@ -56,8 +56,9 @@ from celery_zsched.contrib.django.runs_admin import (
     RecentRunsInline,
     ZSchedRunAdmin,  # noqa: F401  (registers itself)
 )
-from celery_zsched.contrib.django.words import counted, every
+from celery_zsched.contrib.django.words import counted, every, recrawl_words
 from celery_zsched.core.errors import ValidationError
+from celery_zsched.core.recrawl import summary as recrawl_summary
 from celery_zsched.services.preview import preview, preview_info
 from celery_zsched.store import JobInfo
 
@@ -90,8 +91,9 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
     radio_fields: ClassVar[dict[str, int]] = {"day_rule": admin.VERTICAL}
     # Times through admin_times (last_run, created, updated): each shows its zone.
     readonly_fields = ("schedule_words", "next_fires", "zones", "next_run_detail",
-                       "redis_state", "last_outcome", "last_error_full", "last_run", "run_count",
-                       "failure_count", "consecutive_failures", "kind", "created", "updated")
+                       "redis_state", "recrawl_detail", "last_outcome", "last_error_full",
+                       "last_run", "run_count", "failure_count", "consecutive_failures",
+                       "kind", "created", "updated")
     fieldsets = (
         ("Now (live from Redis)", {
             "fields": ("next_run_detail", "last_outcome", "last_error_full", "redis_state"),
@@ -103,6 +105,12 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
                        "misfire_grace_s"),
             "description": "Give one of interval, cron or run at. Cron is read on the wall "
                            "clock of the time zone, DST included.",
+        }),
+        ("Recrawl", {
+            "fields": ("recrawl", "min_interval_s", "max_interval_s", "freshness_target",
+                       "recrawl_detail"),
+            "description": "Adaptive: the interval follows the page's estimated change rate "
+                           "(interval jobs only; see the Recrawl policy page).",
         }),
         ("Counters (mirrored from Redis by zsched_drain and zsched_sync)", {
             "fields": ("last_run", "run_count", "failure_count", "consecutive_failures",
@@ -256,6 +264,13 @@ class ZSchedJobAdmin(AuditedAdminMixin, admin.ModelAdmin):  # type: ignore[type-
         parts.append(f"{counted(st.runs, 'run')}, {counted(st.failures, 'failure')}, "
                      f"{st.consecutive_failures} in a row")
         return " · ".join(str(p) for p in parts)
+
+    @admin.display(description="what its visits taught")
+    def recrawl_detail(self, row: ZSchedJob) -> str:
+        info = info_of(row) if row.pk else None
+        if not isinstance(info, JobInfo) or info.job.kind != "interval":
+            return "-"
+        return recrawl_words(recrawl_summary(info.job, info.state, int(time.time() * 1000)))
 
     @admin.display(description="last error")
     def last_error_full(self, row: ZSchedJob) -> str:

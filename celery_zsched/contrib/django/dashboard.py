@@ -15,6 +15,8 @@ Every figure comes from a read whose cost is bounded whatever the fleet size:
   :data:`STREAM_SAMPLE` entries of the Redis settle stream instead;
 * **jobs by state** and the dead-letter count: the counters of :meth:`Store.stats`;
 * **throttled domains and open breakers** (with pacing on): :meth:`Store.domain_alerts`;
+* **over-subscribed domains** (with pacing on): the capacity planner's last result
+  (:mod:`celery_zsched.services.planner`; a scan of the definitions only when it is due);
 * **changes not in Redis yet** (the outbox): one query over the outbox table
   (:func:`.outbox.status`), with a warning when the oldest is older than
   ``zsched_outbox_warn_s`` or some are dead-lettered; shown when Redis is down too.
@@ -43,10 +45,15 @@ from django.utils.safestring import SafeString, mark_safe
 
 from celery_zsched.contrib.django import outbox, svg
 from celery_zsched.contrib.django.conf import get_store
+from celery_zsched.contrib.django.freshness_chart import SAMPLE, freshness_figures
 from celery_zsched.contrib.django.models import ZSchedRun
 from celery_zsched.contrib.django.stats import percentile
+from celery_zsched.core import domain_table
 from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.planner import DomainPlan
+from celery_zsched.core.state import RuntimeState
 from celery_zsched.core.timing import ms_to_dt
+from celery_zsched.services import planner
 from celery_zsched.store import Store
 from celery_zsched.store.errors import redis_unavailable
 
@@ -68,6 +75,7 @@ OUTCOME_COLOURS: dict[str, str] = {
     "retrying": "#ef6c00",
     "error": "#c62828",
     "skipped": "#607d8b",
+    "blocked_by_robots": "#6a1b9a",
 }
 STATE_COLOURS = {"scheduled": "#417690", "queued": "#79aec8", "running": "#2e7d32",
                  "paused": "#9e9e9e", "dead": "#c62828"}
@@ -109,6 +117,10 @@ class Dashboard:
     stats: dict[str, int]
     dead_ids: list[str]
     alerts: dict[str, list[str]] | None
+    #: A random sample of runtime states, for the freshness chart.
+    sample: list[RuntimeState]
+    #: The capacity planner's over-subscribed domains, highest demand ratio first.
+    oversubscribed: list[DomainPlan] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ gathering
@@ -124,7 +136,16 @@ def gather(store: Store, hours: int = HOURS) -> Dashboard:
             due=due_load(store, now, http=bool(stats.get("http_scheduled"))),
             runs=run_window(store, now, hours), stats=stats,
             dead_ids=store.dead_ids(LISTED) if stats.get("dead") else [],
-            alerts=store.domain_alerts() if store.settings.pacing else None)
+            alerts=store.domain_alerts() if store.settings.pacing else None,
+            oversubscribed=_oversubscribed(store) if store.settings.pacing else [],
+            sample=store.sample_states(SAMPLE))
+
+
+def _oversubscribed(store: Store) -> list[DomainPlan]:
+    # The planner's last result (a scan only when it is due: see services.planner).
+    _infos, plans, _demand = planner.domain_plans(store)
+    return sorted((p for p in plans.values() if p.oversubscribed),
+                  key=lambda p: (-p.ratio, p.name))
 
 
 def due_load(store: Store, now_ms: int, *, http: bool = False) -> DueLoad:
@@ -364,6 +385,8 @@ class DashboardAdminView:
             "lateness_svg": _safe(lateness_chart(data.runs)),
             "outcomes_svg": _safe(outcomes_chart(data.runs)),
             "states_svg": _safe(states_chart(data.stats)),
+            **{k: _safe(v) if k.endswith("_svg") else v
+               for k, v in freshness_figures(data.sample).items()},
             "stats": data.stats, "source": data.runs.source,
             "hours": [(h, h.lateness.get(50), h.lateness.get(99)) for h in data.runs.hours],
             "due_total": data.due.overdue + sum(data.due.counts),
@@ -371,6 +394,11 @@ class DashboardAdminView:
             "pacing": alerts is not None, "domain_rows": domain_rows,
             "throttled_count": len((alerts or {}).get("throttled", [])),
             "breakers_count": len((alerts or {}).get("breakers_open", [])),
+            "oversubscribed_count": len(data.oversubscribed),
+            "oversubscribed_rows": [
+                (p.name, self._url("domain_change", p.name), f"{p.ratio:.2f}x",
+                 domain_table.lateness(p)) for p in data.oversubscribed[:LISTED]],
+            "oversubscribed_url": self._url("domains") + "?over=1",
         }
 
 

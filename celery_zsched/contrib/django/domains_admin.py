@@ -31,6 +31,8 @@ from celery_zsched.contrib.django.conf import get_store
 from celery_zsched.core import domain_table
 from celery_zsched.core.domains import DomainInfo, normalise_domain
 from celery_zsched.core.errors import StoreUnavailable
+from celery_zsched.core.planner import DomainPlan
+from celery_zsched.services import planner
 from celery_zsched.store import Store
 
 #: Domains per page of the list (each is one row of plain cells).
@@ -67,11 +69,13 @@ class DomainForm(forms.Form):
                 "adaptive": info.adaptive}
 
 
-def _cells(info: DomainInfo) -> dict[str, str]:
+def _cells(info: DomainInfo, plan: DomainPlan | None = None) -> dict[str, Any]:
     # The same cells as `zsched domains`, keyed for the templates.
-    names = ("name", "delay", "cap", "breaker", "closed_until", "last_429", "completed",
-             "failed", "throttled_429", "held", "override")
-    return dict(zip(names, domain_table.row(info), strict=True))
+    names = ("name", "delay", "delay_source", "cap", "breaker", "closed_until", "last_429",
+             "completed", "failed", "throttled_429", "held", "override", "demand", "lateness")
+    cells: dict[str, Any] = dict(zip(names, domain_table.row(info, plan), strict=True))
+    cells["oversubscribed"] = plan is not None and plan.oversubscribed
+    return cells
 
 
 class DomainAdminViews:
@@ -128,16 +132,19 @@ class DomainAdminViews:
         store: Store | None = None
         error = ""
         infos: list[DomainInfo] = []
+        plans: dict[str, DomainPlan] = {}
         try:
             store = get_store()
-            infos = store.domains()
+            infos, plans, _demand = planner.domain_plans(store)
         except StoreUnavailable as exc:
             error = str(exc)
         if query:
             needle = query.lower()
             infos = [i for i in infos if needle in i.name]
+        if request.GET.get("over"):
+            infos = [i for i in infos if i.name in plans and plans[i.name].oversubscribed]
         page = Paginator(infos, PER_PAGE).get_page(request.GET.get("p"))
-        rows = [(_cells(info), self.url("domain_change", info.name),
+        rows = [(_cells(info, plans.get(info.name)), self.url("domain_change", info.name),
                  self.url("domain_reset", info.name)) for info in page]
         context = self._context(
             request, "Domains", store, rows=rows, page=page, query=query, error=error,
@@ -162,6 +169,7 @@ class DomainAdminViews:
         try:
             store = get_store()
             info = store.domain(name)
+            _infos, plans, _demand = planner.domain_plans(store, [info])
         except StoreUnavailable as exc:
             context = self._context(request, f"Domain {name}", None, error=str(exc), name=name)
             return TemplateResponse(request, "admin/zsched/domains/change_form.html", context)
@@ -175,7 +183,8 @@ class DomainAdminViews:
             for field in form.fields.values():
                 field.disabled = True  # viewers see the values, greyed out
         context = self._context(
-            request, f"Domain {name}", store, name=name, form=form, cells=_cells(info),
+            request, f"Domain {name}", store, name=name, form=form,
+            cells=_cells(info, plans.get(name)),
             headers=domain_table.HEADERS, reset_url=self.url("domain_reset", name),
             has_override=info.overridden)
         return TemplateResponse(request, "admin/zsched/domains/change_form.html", context)

@@ -6,6 +6,8 @@ after saving.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from celery_zsched.core.job import Job
@@ -59,3 +61,19 @@ def job_in_words(job: Job) -> str:
     if job.jitter_s:
         text += f", plus up to {job.jitter_s:g} s of random jitter"
     return text
+
+
+def recrawl_words(summary: Mapping[str, Any]) -> str:
+    """What change-aware recrawl knows of a job (:func:`celery_zsched.core.recrawl.summary`)."""
+    parts = [f"{summary['recrawl']}, {every(round(summary['interval_s'] or 0))} now"]
+    rate = summary["change_rate_per_day"]
+    if rate is None:
+        parts.append("no change reports yet (keeps its interval)")
+    else:
+        parts.append(f"changes about {rate:.3g} times a day "
+                     f"(from {summary['visits']:.1f} recent visits)")
+        parts.append(f"expected freshness {summary['expected_freshness']:.0%}")
+    since = summary["since_last_change_s"]
+    parts.append("no change seen yet" if since is None
+                 else f"last change seen {every(round(since)).removeprefix('every ')} ago")
+    return " · ".join(parts)

@@ -67,7 +67,7 @@ end
 --   b   breaker: "open" | "half" | nil     bo  breaker open until
 --   pj  id of the half-open probe          w, wo, wf  window start, completed, failed
 --   tc, tf  completed, failed (totals)     t4, t4n  last 429, 429s seen
---   h   times a job was held back
+--   h   times a job was held back         rd  robots.txt Crawl-delay (ms)
 -- An occurrence in flight names its domain in its own state (``fd``), so it
 -- leaves flight exactly once whichever path ends it (settle, reap, release).
 
@@ -143,10 +143,19 @@ local function domain_cache(state_key, conf_key)
   return get, flush, preload
 end
 
--- The delay in force (ms): the base (override or default), raised by the
--- adaptive delay unless the domain's override turned adaptation off.
+-- The configured delay (ms): the operator's override wins; else the default,
+-- raised to the Crawl-delay of the domain's robots.txt (``rd``, written by the
+-- worker's robots check) while zsched_robots is on.
+local function domain_base(e, P)
+  if e.conf.delay then return e.conf.delay end
+  if P.robots and e.rec.rd then return math.max(P.delay, e.rec.rd) end
+  return P.delay
+end
+
+-- The delay in force (ms): the base, raised by the adaptive delay unless the
+-- domain's override turned adaptation off.
 local function domain_delay(e, P)
-  local base = e.conf.delay or P.delay
+  local base = domain_base(e, P)
   if e.conf.adaptive == false then return base end
   return math.max(base, e.rec.d or 0)
 end
@@ -208,6 +217,37 @@ end
 local function schedule_score(id, beat, http)
   return redis.call("ZSCORE", beat, id) or redis.call("ZSCORE", http, id)
 end
+
+-- ------------------------------------------------- per-queue backpressure
+-- Each occurrence in ``queued`` that a claim counted names its queue in its
+-- state (``bq``), and ``counts`` (the queue_in_flight hash) holds how many
+-- each queue has there. Every script adds to or takes from ``queued`` through
+-- these two, which change a count only when the membership changes, so the
+-- counts follow the set whichever path (start, settle, reap, rescue, release,
+-- retry) moves an occurrence. One queued before counts existed has no ``bq``
+-- and counts nowhere.
+local function queued_add(queued, counts, id, at, st, q)
+  if redis.call("ZADD", queued, at, id) == 1 and q then
+    st.bq = q
+    redis.call("HINCRBY", counts, q, 1)
+  end
+end
+
+-- Take ``id`` (state ``st``, may be nil) out of ``queued``; 1 if it was there.
+local function queued_rem(queued, counts, id, st)
+  local n = redis.call("ZREM", queued, id)
+  if n == 1 and counts and st and st.bq then
+    if redis.call("HINCRBY", counts, st.bq, -1) <= 0 then redis.call("HDEL", counts, st.bq) end
+  end
+  return n
+end
+
+-- A job the claim held back because its queue was at its bound stays in the
+-- schedule, scored PARK_BASE + its due time: past every real due time (run_at
+-- stops at year 9999, 2.5e14 ms), so the claim's due range and the next due
+-- time beat sleeps towards are the other queues', and the held keep their due
+-- order. Scores are doubles: PARK_BASE plus a due time stays an exact integer.
+local PARK_BASE = 1125899906842624  -- 2^50
 
 -- ------------------------------------------------------------ audit trail
 -- One entry of a partition's capped audit stream (fields: see

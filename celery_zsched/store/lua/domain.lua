@@ -34,7 +34,8 @@ local changed = redis.call("HDEL", conf_key, name)
 local raw = redis.call("HGET", domains, name)
 if not raw then return changed end
 local s = decode_json(raw)
-local kept = {n = s.n, L = s.L, S = s.S, R = s.R}
+-- The robots.txt Crawl-delay is the site's word, not something learned: kept.
+local kept = {n = s.n, L = s.L, S = s.S, R = s.R, rd = s.rd}
 for k in pairs(s) do
   if kept[k] == nil then changed = 1 end
 end

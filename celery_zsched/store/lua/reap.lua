@@ -33,6 +33,7 @@
 --                         leaves flight here frees its domain's slot)
 -- KEYS[10] http_schedule zset id -> due ms of transport "http" jobs
 -- KEYS[11] http_wake    channel  wakes the job gateways
+-- KEYS[12] queue_in_flight  hash  queue -> its occurrences in queued
 -- ARGV[1] most entries to look at, per deadline kind
 -- ARGV[2] crashed executions of one occurrence before it is dead-lettered
 -- ARGV[3] delivery deadline, ms
@@ -44,7 +45,7 @@
 --          (the last "dead-lettered" of them)}
 local leases, queued, schedule, state, dead, defs, counters, workers =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local http, wake = KEYS[10], KEYS[11]
+local http, wake, counts = KEYS[10], KEYS[11], KEYS[12]
 local now = now_ms()
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local delivery_ms, alive_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -53,12 +54,15 @@ local dead_ids = {}
 
 local domain, flush_domains = domain_cache(KEYS[9], nil)
 
--- The state of a live job, or nil (forgetting the state of a deleted one).
+-- The state of a live job, or nil (forgetting the state of a deleted one,
+-- which leaves ``queued`` with it).
 local function live_state(id)
   local raw = redis.call("HGET", state, id)
   if raw and redis.call("HEXISTS", defs, id) == 1 then return decode_state(raw) end
   if raw then
-    domain_land(domain, decode_state(raw), id)
+    local st = decode_state(raw)
+    domain_land(domain, st, id)
+    queued_rem(queued, counts, id, st)
     redis.call("HDEL", state, id)
   end
   return nil
@@ -75,7 +79,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0,
   local st = live_state(id)
   if st and st.s == "leased" then
     -- It was published (under the old meaning, too): confirmed, to a queue unknown.
-    st.s, st.d, st.q, st.x = "queued", 0, st.q or "", math.max(st.x or 0, 1)
+    st.s, st.d, st.q, st.x, st.bq = "queued", 0, st.q or "", math.max(st.x or 0, 1), nil
     redis.call("ZADD", queued, (st.p or now) + delivery_ms, id)
     redis.call("HSET", state, id, encode_state(st))
     out[5] = out[5] + 1
@@ -106,10 +110,10 @@ end
 for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0, limit)) do
   local st = live_state(id)
   if not st or (st.s ~= "queued" and st.s ~= "leased") then
-    redis.call("ZREM", queued, id)
+    queued_rem(queued, counts, id, st)
   elseif st.w or not st.q then
     local slot = st.w and 6 or 7
-    redis.call("ZREM", queued, id)
+    queued_rem(queued, counts, id, st)
     st.w = nil
     reschedule(id, st)
     redis.call("HSET", state, id, encode_state(st))
@@ -119,7 +123,7 @@ for _, id in ipairs(redis.call("ZRANGEBYSCORE", queued, "-inf", now, "LIMIT", 0,
     redis.call("ZADD", queued, now + delivery_ms, id)
     out[4] = out[4] + 1
   else
-    redis.call("ZREM", queued, id)
+    queued_rem(queued, counts, id, st)
     reschedule(id, st)
     redis.call("HSET", state, id, encode_state(st))
     out[3] = out[3] + 1

@@ -11,6 +11,7 @@
 -- KEYS[4] domains   hash  domain -> learned pacing state (frees the domain's slot)
 -- KEYS[5] http_schedule  zset  id -> due ms of transport "http" jobs
 -- KEYS[6] http_wake      channel  wakes the job gateways
+-- KEYS[7] queue_in_flight  hash  queue -> its occurrences in queued (beat only)
 -- ARGV[1] the status the jobs were claimed into: queued | running
 -- ARGV[2..] groups of 3: id, occurrence, attempt
 -- Returns the number released
@@ -20,7 +21,7 @@ local released = 0
 for i = 2, #ARGV, 3 do
   local id = ARGV[i]
   local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {ARGV[1]})
-  if st and redis.call("ZREM", held, id) == 1 then
+  if st and queued_rem(held, ARGV[1] == "queued" and KEYS[7] or nil, id, st) == 1 then
     st.s, st.x, st.sa = "scheduled", math.max(0, (st.x or 1) - 1), nil
     domain_land(domain, st, id)
     schedule_add(st, id, st.due or st.o, schedule, http, wake)

@@ -17,6 +17,7 @@
 -- KEYS[5] domains   hash  domain -> learned pacing state (frees the domain's slot)
 -- KEYS[6] http_schedule  zset  id -> due ms of transport "http" jobs
 -- KEYS[7] http_wake      channel  wakes the job gateways
+-- KEYS[8] queue_in_flight  hash  queue -> its occurrences in queued
 -- ARGV[1..] groups of 4: id, occurrence, attempt, the message's delivery number
 -- Returns the ids made due again
 local state, queued, schedule, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -26,7 +27,7 @@ for i = 1, #ARGV, 4 do
   local id = ARGV[i]
   local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {"queued"})
   if st and not st.w and st.x == tonumber(ARGV[i + 3])
-      and redis.call("ZREM", queued, id) == 1 then
+      and queued_rem(queued, KEYS[8], id, st) == 1 then
     st.s = "scheduled"
     domain_land(domain, st, id)
     schedule_add(st, id, st.due or now_ms(), schedule, KEYS[6], KEYS[7])

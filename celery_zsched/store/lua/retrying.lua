@@ -10,6 +10,8 @@
 -- KEYS[1] leases  zset  id -> execution lease deadline ms
 -- KEYS[2] queued  zset  id -> delivery deadline ms
 -- KEYS[3] state   hash  id -> runtime state (cjson)
+-- KEYS[4] queue_in_flight  hash  queue -> its occurrences in queued (the retry
+--         counts under the queue its claim counted it in)
 -- ARGV[1] job id
 -- ARGV[2] occurrence
 -- ARGV[3] attempt
@@ -23,7 +25,7 @@ local st = current_state(state, id, ARGV[2], ARGV[3], {"running"})
 if not st or not holder_of(st, ARGV[6], "") then return 0 end
 local now = now_ms()
 redis.call("ZREM", leases, id)
-redis.call("ZADD", queued, now + tonumber(ARGV[4]), id)
+queued_add(queued, KEYS[4], id, now + tonumber(ARGV[4]), st, st.bq)
 -- The retry message is published (Task.retry sent it before this call): a
 -- confirmed publish, to the queue it came from.
 st.s, st.p, st.due, st.q = "queued", now, now + tonumber(ARGV[5]), st.q or ""

@@ -17,6 +17,8 @@
 -- KEYS[10] domain_conf hash  domain -> operator overrides (cjson)
 -- KEYS[11] http_schedule zset id -> due ms of transport "http" jobs
 -- KEYS[12] http_wake    channel  wakes the job gateways
+-- KEYS[13] queue_in_flight  hash  queue -> its occurrences in queued
+-- KEYS[14] recrawl_mu  hash  domain -> multiplier of Cho's allocation (the planner's)
 -- ARGV[1]  job id
 -- ARGV[2]  occurrence being settled
 -- ARGV[3]  attempt being settled
@@ -40,6 +42,16 @@
 --          read from Redis just now): the next due moves on by however much later
 --          it is now, so an estimate never makes a run early
 -- ARGV[20] end_at of the job, ms ("" = none): a next due past it ends the job
+-- ARGV[21] whether the page changed since the last visit: "1" | "0" | "" (not reported)
+-- ARGV[22] content signature the visit saw ("" = none): one that differs from the
+--          stored one is a change (when ARGV[21] is "")
+-- ARGV[23] ETag the visit saw ("" = keep the stored one)
+-- ARGV[24] Last-Modified the visit saw ("" = keep the stored one)
+-- ARGV[25] adaptive recrawl JSON {lo, hi: interval bounds ms; x: the target's
+--          rate x interval; f: the fixed interval ms; j: jitter ms; a: 1 = Cho's
+--          allocation, at the domain's multiplier in KEYS[14] when it has one}
+--          ("" = fixed): a regular next run is now + the interval the history
+--          calls for + j
 -- Returns {"ok", new status, now, consecutive failures, domain whose breaker this
 -- settle opened ("" = none), next due ms (-1 = none)} | {"stale"} | {"changed"}
 --       | {"deleted", that domain}
@@ -71,7 +83,7 @@ local now = now_ms()
 local function learn(e, P, probe)
   local s, failed = e.rec, outcome == "error"
   local status, retry_after = tonumber(ARGV[14]), tonumber(ARGV[15])
-  local base = e.conf.delay or P.delay
+  local base = domain_base(e, P)
   if status == 429 then s.t4, s.t4n = now, (s.t4n or 0) + 1 end
   if retry_after and retry_after > 0 and (status == 429 or status == 503) then
     s.cu = math.max(s.cu or 0, now + retry_after)
@@ -106,7 +118,45 @@ local function learn(e, P, probe)
   return false
 end
 
-local opened = ""
+-- Cho and Garcia-Molina's change-rate estimate over a decayed history (the
+-- Python mirror, with the reasoning, is celery_zsched.core.recrawl).
+local DECAY = 0.95
+local function visit(changed)
+  if st.hl then
+    st.hv = (st.hv or 0) * DECAY + 1
+    st.hx = (st.hx or 0) * DECAY + (changed and 1 or 0)
+    st.ht = (st.ht or 0) * DECAY + math.max(0, now - st.hl) / 1000
+    if changed then st.hc = now end
+  end
+  st.hl = now
+end
+
+-- Cho's allocation (core.recrawl.allocation_interval_s): the x = rate * interval
+-- at which 1 - (1 + x) e^-x, a fetch's marginal freshness, equals mu * rate.
+local function allocation_ratio(goal)
+  local low, high = 0.0, 60.0
+  for _ = 1, 60 do
+    local mid = (low + high) / 2
+    if 1 - math.exp(-mid) - mid * math.exp(-mid) < goal then low = mid else high = mid end
+  end
+  return (low + high) / 2
+end
+
+local function adaptive_interval(R, mu)
+  local n, t = st.hv or 0, st.ht or 0
+  if n <= 0 or t <= 0 then return R.f end
+  local x = math.min(math.max(st.hx or 0, 0), n)
+  local rate = -math.log((n - x + 0.5) / (n + 0.5)) / (t / n)
+  if rate <= 0 then return R.hi end
+  local ratio = R.x
+  if mu then
+    if mu * rate >= 1 then return R.hi end  -- too fast to be worth a fetch
+    ratio = allocation_ratio(mu * rate)
+  end
+  return math.floor(math.min(math.max(ratio / rate * 1000, R.lo), R.hi) + 0.5)
+end
+
+local opened, home = "", st.fd
 if st.fd then
   local name = st.fd
   local domain, flush = domain_cache(KEYS[9], KEYS[10])
@@ -117,7 +167,7 @@ if st.fd then
 end
 
 redis.call("ZREM", leases, id)
-redis.call("ZREM", queued, id)
+queued_rem(queued, KEYS[13], id, st)
 schedule_rem(id, schedule, http)
 
 if outcome == "complete" then
@@ -127,6 +177,21 @@ elseif outcome == "error" then
   if label == "error" then st.r = (st.r or 0) + 1 end
 end
 st.ls, st.l, st.w, st.tk = label, now, nil, nil
+
+-- What the visit saw: the task's word, else a signature unlike the last one. A
+-- signature with none stored before only sets the baseline. (ARGV 21-25 may be
+-- left out by an older caller: absent is "".)
+local seen, sig, etag, modified, recrawl =
+  ARGV[21] or "", ARGV[22] or "", ARGV[23] or "", ARGV[24] or "", ARGV[25] or ""
+local changed = nil
+if seen == "1" then changed = true elseif seen == "0" then changed = false end
+if sig ~= "" then
+  if changed == nil and st.sg then changed = st.sg ~= sig end
+  st.sg = sig
+end
+if etag ~= "" then st.et = etag end
+if modified ~= "" then st.lm = modified end
+if changed ~= nil then visit(changed) elseif sig ~= "" then st.hl = now end
 
 redis.call("XADD", events, "MAXLEN", "~", ARGV[12], "*",
   "id", id, "occ", ARGV[2], "attempt", ARGV[3], "status", label,
@@ -145,6 +210,17 @@ if due and ARGV[19] and ARGV[19] ~= "" then
   if ARGV[7] == next_due then next_occ = next_occ + late end
   due = due + late
   if ARGV[20] and ARGV[20] ~= "" and due > tonumber(ARGV[20]) then due = nil end
+end
+-- An adaptive job's regular next run (not a retry) is now + the interval its
+-- history calls for: Redis' clock, this script's compare-and-set.
+if due and recrawl ~= "" and label ~= "retrying" then
+  local R = decode_json(recrawl)
+  local mu = nil
+  if R.a == 1 and home then mu = tonumber(redis.call("HGET", KEYS[14], home)) end
+  st.ri = adaptive_interval(R, mu)
+  due = now + st.ri + R.j
+  next_occ = due
+  if ARGV[20] ~= "" and due > tonumber(ARGV[20]) then due = nil end
 end
 local max_runs = tonumber(ARGV[11])
 if not due or (max_runs > 0 and (st.r or 0) >= max_runs) then

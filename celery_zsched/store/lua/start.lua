@@ -25,6 +25,7 @@
 -- KEYS[9] http_wake      channel  wakes the job gateways
 -- KEYS[10] defs     hash  id -> definition JSON (returned with "ok": the settle
 --                         computes the next due from it without reading it again)
+-- KEYS[11] queue_in_flight  hash  queue -> its occurrences in queued
 -- ARGV[1] job id
 -- ARGV[2] occurrence
 -- ARGV[3] attempt
@@ -114,7 +115,7 @@ if P and st.fd then
     domain_land(domain, st, id)
     local at = domain_reserve(e, gate, delay)
     st.s, st.rv, st.x, st.w = "scheduled", at, math.max(0, (st.x or 1) - 1), nil
-    redis.call("ZREM", queued, id)
+    queued_rem(queued, KEYS[11], id, st)
     schedule_add(st, id, at, schedule, KEYS[8], KEYS[9])
     redis.call("HSET", state, id, encode_state(st))
     redis.call("HINCRBY", counters, "deferred", 1)
@@ -124,7 +125,7 @@ if P and st.fd then
   s.S, e.dirty = now, true
   flush()
 end
-redis.call("ZREM", queued, id)
+queued_rem(queued, KEYS[11], id, st)
 redis.call("ZREM", schedule, id)
 redis.call("ZADD", leases, now + tonumber(ARGV[6]), id)
 st.s, st.sa, st.w, st.k = "running", now, nil, (st.k or 0) + 1

@@ -24,8 +24,8 @@ def test_two_beats_on_a_cluster_publish_each_of_2000_due_occurrences_exactly_onc
         cluster: LocalCluster, cluster_deploy: Callable[..., Deployment]) -> None:
     # No worker runs, so the backpressure bound must admit the whole storm. Each
     # partition's bound is its share of max_queued (ceil(max_queued / P)) while
-    # the jobs do not split evenly: leave room.
-    d = cluster_deploy(batch_size=50, max_queued=2 * JOBS)
+    # the jobs do not split evenly: leave room. One queue: its bound is the whole cap.
+    d = cluster_deploy(batch_size=50, max_queued=2 * JOBS, queue_max_queued=2 * JOBS)
     beats = [d.start_beat("beat1"), d.start_beat("beat2")]
     d.wait_for(lambda: all("static_synced" in b.text() for b in beats), 30,
                "both beats to start ticking")

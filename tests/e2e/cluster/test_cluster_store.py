@@ -136,11 +136,18 @@ def _calls(cluster: LocalCluster, command: str) -> int:
     return total
 
 
+@pytest.mark.parametrize("pacing", [False, True], ids=["by-id", "paced-by-domain"])
 def test_an_idle_claim_over_every_partition_is_one_round_trip_per_master(
         cluster: LocalCluster, cluster_store: Callable[..., Store],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    store = cluster_store()
-    store.upsert_many(jobs(50), stagger=True)
+        monkeypatch: pytest.MonkeyPatch, pacing: bool) -> None:
+    store = cluster_store(pacing=pacing)
+    if pacing:  # jobs over many domains, so over every partition
+        store.upsert_many([Job.from_dict({"url": f"http://d{i}.example/", "interval_s": 3600})
+                           for i in range(50)], stagger=True)
+        placed = store.locate([j.id for j in store.iter_jobs()])
+        assert len(set(placed.values())) > len(cluster.masters())
+    else:
+        store.upsert_many(jobs(50), stagger=True)
     plan = dict.fromkeys(range(store.partitions), 1)
     store.claim_parts(plan)  # warm: connections open, scripts loaded
     sent: list[int] = []

@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
 from celery_zsched.core.audit import ACTIONS, ACTOR_KINDS
+from celery_zsched.core.fields import RECRAWL_MODES
 from celery_zsched.core.job import TRANSPORTS
 from celery_zsched.core.timing import DAY_RULES
 
@@ -54,6 +55,11 @@ Transport = core_choices("Transport", TRANSPORTS, {
     "http": "HTTP (workers in any language, through the job gateway)",
 }, "Who runs a job (:data:`celery_zsched.core.job.TRANSPORTS`).")
 
+Recrawl = core_choices("Recrawl", RECRAWL_MODES, {
+    "fixed": "Fixed (every interval)",
+    "adaptive": "Adaptive (follows the page's change rate)",
+}, "How an interval job's interval is chosen (:data:`celery_zsched.core.fields.RECRAWL_MODES`).")
+
 
 class RunStatus(models.TextChoices):
     """The settle labels of :mod:`celery_zsched.store`."""
@@ -62,6 +68,7 @@ class RunStatus(models.TextChoices):
     RETRYING = "retrying", "Error, retrying"
     ERROR = "error", "Error"
     SKIPPED = "skipped", "Skipped (misfire)"
+    BLOCKED_BY_ROBOTS = "blocked_by_robots", "Blocked by robots.txt"
 
 
 ChangeAction = core_choices("ChangeAction", ACTIONS, {

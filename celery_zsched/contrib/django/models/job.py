@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models, router, transaction
 from django.utils import timezone as dj_timezone
 
-from celery_zsched.contrib.django.models.choices import DayRule, JobKind, Transport
+from celery_zsched.contrib.django.models.choices import DayRule, JobKind, Recrawl, Transport
 from celery_zsched.contrib.django.models.values import (
     JobValidationError,
     from_db_datetime,
@@ -111,6 +111,20 @@ class ZSchedJob(models.Model):
         max_length=8, choices=Transport.choices, default=Transport.CELERY, db_index=True,
         help_text="Celery: beat publishes it to a Celery queue. HTTP: never published; "
                   "workers in any language take it from GET /jobs/next (zsched serve).")
+    recrawl = models.CharField(
+        max_length=8, choices=Recrawl.choices, default=Recrawl.FIXED,
+        help_text="Adaptive: the interval follows the page's estimated change rate, "
+                  "within the bounds, to meet the freshness target (interval jobs only).")
+    min_interval_s = models.FloatField(
+        "min interval (s)", null=True, blank=True,
+        help_text="Shortest adaptive interval. Blank: a tenth of the interval.")
+    max_interval_s = models.FloatField(
+        "max interval (s)", null=True, blank=True,
+        help_text="Longest adaptive interval. Blank: ten times the interval.")
+    freshness_target = models.FloatField(
+        "freshness target", null=True, blank=True,
+        help_text="Share of time (0-1) the copy should be fresh. "
+                  "Blank: CELERY_ZSCHED_FRESHNESS_TARGET.")
 
     # Runtime mirror of Redis (written in bulk by drain and reconcile).
     last_run_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -95,17 +95,22 @@ def _send_group(store: Store, action: str, by: Actor, note: str, group: list[Cha
     versions = {c.job_id: c.version for c in group}
     if action == SAVE:
         jobs = [c.job for c in group if c.job is not None]
-        store.upsert_many(jobs, stagger=True, by=by, note=note, versions=versions)
-        sent.done += group
+        report = store.upsert_many(jobs, stagger=True, by=by, note=note, versions=versions)
+        # A domain change that waits for an occurrence in flight stays pending.
+        waiting = set(report.deferred_ids)
+        sent.done += [c for c in group if c.job_id not in waiting]
         return
     reply = store.control(action, [c.job_id for c in group], versions=versions, by=by,
                           note=note)
     missing = set(reply.missing) if action != DELETE else set()
     create = [c for c in group if c.job_id in missing and c.job is not None]
+    deferred: set[str] = set()
     if create:
-        store.upsert_many([c.job for c in create if c.job is not None], stagger=True, by=by,
-                          note=note, versions={c.job_id: c.version for c in create})
-    sent.done += [c for c in group if c.job_id not in missing or c.job is not None]
+        deferred = set(store.upsert_many(
+            [c.job for c in create if c.job is not None], stagger=True, by=by, note=note,
+            versions={c.job_id: c.version for c in create}).deferred_ids)
+    sent.done += [c for c in group if (c.job_id not in missing or c.job is not None)
+                  and c.job_id not in deferred]
 
 
 def confirm(changes: Iterable[Change], using: str | None = None) -> int:

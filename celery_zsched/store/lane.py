@@ -1,0 +1,109 @@
+"""Script calls sent now whose replies are read later: round trips off the worker's path.
+
+A worker that runs tasks back to back settles one and starts the next. The
+settle is sent the moment the task is done, so Redis applies it then, exactly
+as a waited-for call; only reading its reply waits, until the process's next
+start (whose own round trip the reply has long arrived by) or a short timer.
+The task slot never sits out a round trip for it. Likewise a worker's main
+process sends the hold of each message it receives at once, and reads the
+reply when it accepts the message, before acknowledging it.
+
+Replies come back in the order the calls were sent, over one connection per
+process, checked out of the client's pool while replies are unread and given
+back once they are all read: no other caller ever gets a connection with a
+reply left on it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.commands.core import Script
+from redis.exceptions import ResponseError
+
+#: What a sent call's reply is handed to: the raw reply, or ``None`` when there
+#: is none (the connection broke, Redis answered an error): the caller decides.
+OnReply = Callable[[Any], None]
+
+
+class Lane:
+    """One connection of ``pool`` carrying script calls whose replies are read later."""
+
+    def __init__(self, pool: Any, get_connection: Callable[[Any], Any]) -> None:
+        self._pool = pool
+        self._get = get_connection
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._pid = os.getpid()
+        self._pending: deque[OnReply] = deque()
+
+    @property
+    def pending(self) -> int:
+        """How many replies are unread."""
+        return len(self._pending)
+
+    def send(self, script: Script, keys: Sequence[str], args: Sequence[Any],
+             on_reply: OnReply) -> None:
+        """Send ``script`` now; ``on_reply`` gets its reply from :meth:`collect`.
+
+        Raises redis-py's connection errors when the call could not be sent (the
+        caller then makes it the usual way); nothing is pending then.
+        """
+        with self._lock:
+            self._forget_after_fork()
+            if self._conn is None:
+                self._conn = self._get(self._pool)
+            try:
+                # A health check PING would read a pending reply: only on an idle connection.
+                self._conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args,
+                                        check_health=not self._pending)
+            except BaseException:
+                self._drop()
+                raise
+            self._pending.append(on_reply)
+
+    def collect(self) -> list[tuple[OnReply, Any]]:
+        """Read every unread reply; returns each with its receiver, in the order sent,
+        for the caller to hand over (outside this lane's lock)."""
+        out: list[tuple[OnReply, Any]] = []
+        with self._lock:
+            self._forget_after_fork()
+            if self._conn is None:  # a send broke the connection: the earlier replies with it
+                out.extend((on_reply, None) for on_reply in self._pending)
+                self._pending.clear()
+            while self._pending:
+                on_reply = self._pending.popleft()
+                try:
+                    reply = self._conn.read_response()
+                except ResponseError:
+                    # An error reply (a script a fresh server does not know): the
+                    # stream is intact; the caller makes this call the usual way.
+                    reply = None
+                except Exception:
+                    # The rest are lost with the connection: each caller decides.
+                    out.append((on_reply, None))
+                    out.extend((rest, None) for rest in self._pending)
+                    self._pending.clear()
+                    self._drop()
+                    break
+                out.append((on_reply, reply))
+            if self._conn is not None and not self._pending:
+                self._pool.release(self._conn)
+                self._conn = None
+        return out
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()  # a reply may be left unread: never reuse it
+            self._pool.release(self._conn)
+            self._conn = None
+
+    def _forget_after_fork(self) -> None:
+        # A forked child must not read its parent's socket: it starts empty.
+        if self._pid != os.getpid():
+            self._pid, self._conn = os.getpid(), None
+            self._pending.clear()

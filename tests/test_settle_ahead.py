@@ -1,0 +1,154 @@
+"""A settle sent ahead of its reply (``Store.settle_soon``) against a real Redis.
+
+The worker sends a completed task's settle and reads its reply at its next
+start: Redis must apply it as it arrives, replies must reach their callers in
+order, and a reply that cannot be had must be handed over as ``None`` (the
+caller then settles the usual way) without leaving a connection with an unread
+reply in the pool.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_zsched.core.job import Job
+from celery_zsched.core.results import SettleResult
+from celery_zsched.core.state import RuntimeState
+from celery_zsched.services.appstore import forget_app, store_for_app
+from celery_zsched.store import Store, scripts
+from celery_zsched.worker import settle as worker_settle
+from celery_zsched.worker.headers import Occurrence
+
+
+@pytest.fixture(autouse=True)
+def _settle_loaded(store: Store) -> None:
+    """The server knows settle.lua, as it does once any worker settled (see the NOSCRIPT test)."""
+    store.client.script_load(scripts.source("settle"))
+
+
+def _started(store: Store, job_id: str) -> tuple[int, int, tuple[str, int]]:
+    """A job stored, claimed, published and started: (occurrence, fence, known)."""
+    store.upsert(Job.from_dict({"id": job_id, "task": "tests.noop", "interval_s": 60,
+                                "jitter_s": 0}))
+    claimed = next(c for c in store.claim().jobs if c.job.id == job_id)
+    store.routed([(claimed, "")])
+    start = store.start(job_id, claimed.occurrence, 1, delivery=claimed.deliveries,
+                        task="tests.noop")
+    assert start.status == "ok" and start.fence is not None
+    assert start.definition is not None and start.now_ms is not None
+    return claimed.occurrence, start.fence, (start.definition, start.now_ms)
+
+
+def _status(store: Store, job_id: str) -> str:
+    return RuntimeState.from_wire(store.client.hget(store.keys.state, job_id)).status
+
+
+def _in_use(store: Store) -> int:
+    return len(store.client.connection_pool._in_use_connections)
+
+
+def test_a_settle_sent_ahead_is_applied_before_its_reply_is_read(store: Store) -> None:
+    results: list[SettleResult | None] = []
+    jobs = ["a1", "a2", "a3"]
+    for job_id in jobs:
+        occurrence, fence, known = _started(store, job_id)
+        store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
+                          event={"duration_ms": 3}, fence=fence)
+    assert results == []  # nothing read yet ...
+    # ... but Redis applies each as it arrives (seen from another connection)
+    for _ in range(500):
+        if [_status(store, job_id) for job_id in jobs] == ["scheduled"] * 3:
+            break
+        time.sleep(0.01)
+    assert [_status(store, job_id) for job_id in jobs] == ["scheduled"] * 3
+    assert results == []
+    assert _in_use(store) == 1  # the lane keeps its connection while replies are unread
+    assert store.collect() == 3
+    assert [(r.applied, r.status, r.job.id if r.job else None) for r in results if r] == [
+        (True, "scheduled", job_id) for job_id in jobs]
+    assert _in_use(store) == 0 and store.collect() == 0
+
+
+def test_a_settle_sent_ahead_by_a_lapsed_holder_changes_nothing(store: Store) -> None:
+    occurrence, fence, known = _started(store, "z")
+    results: list[SettleResult | None] = []
+    store.settle_soon("z", occurrence, 1, "complete", results.append, known=known,
+                      fence=fence + 1)
+    store.collect()
+    assert [(r.applied, r.status) for r in results if r] == [(False, "stale")]
+    assert _status(store, "z") == "running"
+
+
+def test_a_definition_edited_meanwhile_hands_over_none_and_changes_nothing(store: Store) -> None:
+    occurrence, fence, known = _started(store, "e")
+    store.upsert(Job.from_dict({"id": "e", "task": "tests.noop", "interval_s": 120,
+                                "jitter_s": 0}))
+    results: list[SettleResult | None] = []
+    store.settle_soon("e", occurrence, 1, "complete", results.append, known=known, fence=fence)
+    store.collect()
+    assert results == [None] and _status(store, "e") == "running"
+    # The caller settles the usual way: the new interval applies.
+    again = store.settle("e", occurrence, 1, "complete", fence=fence)
+    assert again.applied and again.next_due_ms is not None and again.now_ms is not None
+    assert again.next_due_ms - again.now_ms >= 119_000
+
+
+def test_replies_lost_with_the_connection_are_handed_over_as_none(store: Store) -> None:
+    results: list[Any] = []
+    for job_id in ("l1", "l2"):
+        occurrence, fence, known = _started(store, job_id)
+        store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
+                          fence=fence)
+    assert store.lane is not None and store.lane.pending == 2
+    store.lane._conn.disconnect()  # the connection breaks before the replies are read
+    store.collect()
+    assert results == [None, None] and _in_use(store) == 0
+    # The connection went back to the pool closed: the next caller reconnects.
+    assert store.now_ms() > 0
+
+
+
+def test_a_server_that_never_ran_settle_hands_over_none_and_changes_nothing(
+        store: Store) -> None:
+    occurrence, fence, known = _started(store, "n")
+    store.client.script_flush()
+    results: list[SettleResult | None] = []
+    store.settle_soon("n", occurrence, 1, "complete", results.append, known=known, fence=fence)
+    store.collect()
+    assert results == [None] and _status(store, "n") == "running"
+    assert store.settle("n", occurrence, 1, "complete", fence=fence).applied  # loads it
+
+
+def test_a_worker_process_settles_a_completed_task_ahead_and_logs_it_when_read(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """In a worker process (``send_ahead``), ``settle_occurrence`` of a completed task
+    returns before its reply is read; the process's next start reads it (and logs)."""
+    app = Celery("ahead", set_as_current=False)
+    app.conf.zsched_redis_url = redis_url
+    app.conf.zsched_key_prefix = "{a" + uuid.uuid4().hex[:8] + "}:"
+    monkeypatch.setattr(worker_settle._AHEAD, "on", True)
+    try:
+        store = store_for_app(app)
+        store.client.script_load(scripts.source("settle"))
+        occurrence, fence, known = _started(store, "w")
+        request = SimpleNamespace(
+            zsched_start=SimpleNamespace(fence=fence, due_ms=occurrence, promoted_ms=occurrence,
+                                         definition=known[0], now_ms=known[1]),
+            zsched_started_ms=known[1], zsched_started_mono=time.monotonic())
+        occ = Occurrence("w", occurrence, 1, occurrence, occurrence, None, 1)
+        with caplog.at_level("INFO", logger="celery_zsched"):
+            worker_settle.settle_occurrence(app, occ, "complete", request, task_id="t-1")
+            assert store.lane is not None and store.lane.pending == 1
+            assert "job_complete" not in caplog.text
+            worker_settle.collect_sent(app)  # what the next start does
+        assert store.lane.pending == 0
+        assert _status(store, "w") == "scheduled"
+        assert '"applied":true' in caplog.text and "job_complete" in caplog.text
+    finally:
+        forget_app(app)
