@@ -106,3 +106,115 @@ def test_a_zsched_entry_names_its_occurrence_and_publish() -> None:
     raw = (b'[{"headers": {"zsched_job_id": "a", "zsched_occurrence": 5, "zsched_attempt": 2,'
            b' "zsched_delivery": 3}}, "", "q"]')
     assert occurrence_in(raw) == ("a", 5, 2, 3)
+
+
+# ---------------------------------------------------------------- lost in the BRPOP window
+# kombu takes a message with BRPOP and records it in the unacked index only after it read
+# the reply: a worker killed in between leaves it nowhere. Here an RPOP that nobody
+# records is that worker.
+
+def _publish(app: Celery, store: Store, jobs: list[Job]) -> list[str]:
+    """Claim ``jobs`` (one claim), publish and confirm them; their ids in claim order."""
+    store.upsert_many(jobs, stagger=False)
+    claimed = store.claim(len(jobs)).jobs
+    with app.producer_or_acquire() as producer:
+        publish_batch(app, producer, claimed)
+    store.routed([(c, "sweep") for c in claimed])
+    return [c.job.id for c in claimed]
+
+
+def _pop_unrecorded(app: Celery, list_key: str = "sweep") -> str:
+    """Take the oldest message of ``list_key`` as a consumer's BRPOP does, and drop it:
+    its job id."""
+    with app.connection_for_write() as conn:
+        raw = conn.default_channel.client.rpop(list_key)
+    assert raw is not None, f"{list_key!r} is empty"
+    found = occurrence_in(b"[" + raw + b"]")
+    assert found is not None
+    return found[0]
+
+
+def _job(job_id: str, **fields: object) -> Job:
+    return Job.from_dict({"id": job_id, "task": "t", "interval_s": 60, "jitter_s": 0,
+                          **fields})
+
+
+def _queued(store: Store, *ids: str) -> list[str]:
+    return [job_id for job_id in ids if store.get(job_id).status == "queued"]
+
+
+def test_messages_taken_unrecorded_come_back_once_a_later_one_of_their_list_started(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    store = make_store(lease_s=0.3)
+    first = _publish(broker_app, store, [_job(f"a{i}") for i in range(3)])
+    time.sleep(0.25)  # the later claim is more than the slack (a heartbeat, 0.1 s) later
+    later = _publish(broker_app, store, [_job("b0")])
+    lost = [_pop_unrecorded(broker_app), _pop_unrecorded(broker_app)]
+    kept = _pop_unrecorded(broker_app)  # a live worker took this one, and holds it
+    assert sorted([*lost, kept]) == sorted(first)
+    store.beat([], [(kept, store.get(kept).state.occurrence, 1, 1, "t")], "alive@host:1")
+    b0 = store.get(later[0]).state
+    assert _pop_unrecorded(broker_app) == "b0"
+    assert store.start("b0", b0.occurrence, 1, delivery=1, task="t").runs
+    sweep = UnackedSweep(broker_app, store)
+    try:
+        assert sweep.sweep() == 0  # a lease has not passed: a live worker may hold them yet
+        assert _queued(store, *lost) == lost
+        time.sleep(0.35)
+        store.beat([], [(kept, store.get(kept).state.occurrence, 1, 1, "t")], "alive@host:1")
+        assert sweep.sweep() == 2
+        assert sorted(c.job.id for c in store.claim().jobs) == sorted(lost)
+        assert store.get(kept).status == "queued"  # held by a live worker: left alone
+        assert int(store.client.hget(store.keys.counters, "orphaned") or 0) == 2
+    finally:
+        sweep.close()
+
+
+def test_a_message_taken_unrecorded_from_a_list_now_empty_comes_back(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    store = make_store(lease_s=0.3)
+    ids = _publish(broker_app, store, [_job("c0"), _job("c1")])
+    time.sleep(0.15)  # promoted more than the slack before the sweep looks
+    gone = _pop_unrecorded(broker_app)
+    sweep = UnackedSweep(broker_app, store, lambda: ["sweep"])  # beat published there
+    try:
+        # The other message still waits in the list: nothing says the first left it
+        # before a worker that lives took it.
+        for _ in range(3):
+            assert sweep.sweep() == 0
+            time.sleep(0.15)
+        assert _queued(store, *ids) == ids
+        other = _pop_unrecorded(broker_app)
+        assert {gone, other} == set(ids)
+        assert sweep.sweep() == 0  # the list is empty, but only a lease from now is it sure
+        time.sleep(0.35)
+        assert sweep.sweep() == 2
+        assert _queued(store, *ids) == []
+    finally:
+        sweep.close()
+
+
+def test_a_start_in_one_priority_list_says_nothing_of_another(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    """kombu keeps one list per priority and serves the highest first: a message of a
+    lower priority waits behind later ones of a higher priority."""
+    store = make_store(lease_s=0.3)
+    low = _publish(broker_app, store, [_job("low")])
+    time.sleep(0.25)
+    _publish(broker_app, store, [_job("high", priority=9)])
+    with broker_app.connection_for_write() as conn:
+        channel = conn.default_channel
+        high_list = channel._q_for_pri("sweep", channel.priority(9))
+    assert high_list != "sweep"
+    assert _pop_unrecorded(broker_app, high_list) == "high"
+    assert store.start("high", store.get("high").state.occurrence, 1, delivery=1, task="t").runs
+    assert store.get("high").state.priority == 9
+    sweep = UnackedSweep(broker_app, store)
+    try:
+        for _ in range(4):
+            assert sweep.sweep() == 0
+            time.sleep(0.15)
+        assert _queued(store, *low) == low  # still waits in its own list
+        assert _pop_unrecorded(broker_app) == "low"  # it was there all along
+    finally:
+        sweep.close()

@@ -79,7 +79,7 @@ class ZSchedScheduler(Scheduler):
     @cached_property
     def unacked(self) -> UnackedSweep:
         """The sweep of a Redis broker's unacked index for what dead workers took unrecorded."""
-        return UnackedSweep(self.app, self.store)
+        return UnackedSweep(self.app, self.store, lambda: list(self._queues.values()))
 
     @cached_property
     def metrics(self) -> BeatObserver:

@@ -11,6 +11,16 @@ have recorded its hold by then): ``rescue.lua`` makes it due again at once,
 with the same task id. kombu's own restore an hour later finds it settled and
 is dropped at start.
 
+A worker can also die with a message the broker no longer has anywhere:
+kombu takes it with BRPOP and records it in the unacked index only after it
+has read the reply, so a worker killed in between (the reply unread while its
+loop handled another message) takes it along. Nothing names that message, so
+the sweep infers it from the order of the broker's lists, which are first in,
+first out (``lost.lua``): once a later message of the same list has started,
+or the list was seen empty, and a lease has passed, a still-queued occurrence
+that no worker holds was taken by a worker that died. It is made due again the
+same way.
+
 Only kombu's Redis transport keeps such an index. RabbitMQ requeues a dead
 consumer's unacknowledged messages the moment its connection closes. The
 entries' times are the consuming host's clock (kombu stamps them so): a
@@ -22,12 +32,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
 from celery_zsched.core.errors import StoreUnavailable
-from celery_zsched.store import Store
+from celery_zsched.store import Store, every_line_of
 
 logger = logging.getLogger("celery_zsched")
 
@@ -35,6 +47,8 @@ logger = logging.getLogger("celery_zsched")
 #: of entries works through them over several sweeps).
 PAGE = 1000
 PAGES = 10
+#: Most slack between a claim and the push of its message (see ``slack_ms``).
+SLACK_S = 1.0
 
 
 def occurrence_in(raw: bytes | str | None) -> tuple[str, int, int, int] | None:
@@ -57,13 +71,18 @@ def occurrence_in(raw: bytes | str | None) -> tuple[str, int, int, int] | None:
 class UnackedSweep:
     """Reads the broker's unacked index forward from where it last stopped."""
 
-    def __init__(self, app: Any, store: Store) -> None:
+    def __init__(self, app: Any, store: Store,
+                 queues: Callable[[], Iterable[str | None]] = tuple) -> None:
         self.app = app
         self.store = store
+        #: The queues this beat publishes to (their lists are watched for emptiness).
+        self.queues = queues
         self.every_s = store.settings.heartbeat_s
         self._next = 0.0
         self._cursor = float("-inf")
         self._connection: Any = None
+        #: (monotonic time, marks) of recent sweeps: marks are applied a lease later.
+        self._marks: deque[tuple[float, dict[str, int]]] = deque()
         #: False once the broker turned out not to keep such an index.
         self.enabled = True
 
@@ -108,7 +127,54 @@ class UnackedSweep:
             self._cursor = float(page[-1][1])
             if len(page) < PAGE:
                 break
-        return rescued
+        return rescued + self._lost(channel)
+
+    def _lost(self, channel: Any) -> int:
+        """Make due again what workers took from the lists and died with unrecorded."""
+        marks = self._marks_now(channel)
+        self._marks.append((time.monotonic(), marks))
+        # Marks a lease old: a live worker that took any message behind them has
+        # recorded its hold since (every heartbeat, a third of a lease).
+        ripe: dict[str, int] | None = None
+        horizon = time.monotonic() - self.store.settings.lease_s
+        while self._marks and self._marks[0][0] <= horizon:
+            ripe = self._marks.popleft()[1]
+        if ripe is None:
+            return 0
+        # Put back the sample applied, so it is not lost when no newer one ripens.
+        self._marks.appendleft((horizon, ripe))
+        ids = self.store.rescue_lost(ripe, slack_ms=self.slack_ms)
+        if ids:
+            logger.warning("zsched: %d message(s) a dead worker took from the broker before "
+                           "it recorded them are due again: %s", len(ids), ", ".join(ids[:20]))
+        return len(ids)
+
+    @property
+    def slack_ms(self) -> int:
+        """How much earlier than a mark an occurrence must have been promoted to be judged
+        by it: beats that push out of claim order (several beats, one stalled between
+        claim and push) by less than this are never taken for lost; by more, their
+        message is published twice and the start runs one."""
+        return int(min(SLACK_S, self.store.settings.heartbeat_s) * 1000)
+
+    def _marks_now(self, channel: Any) -> dict[str, int]:
+        """Per list, the promotion time before which its messages have all been taken:
+        the latest a start saw, and now for a queue whose lists are all empty."""
+        # Redis' time first: a list seen empty after it held nothing pushed before it.
+        now_ms = self.store.now_ms()
+        marks = self.store.received_marks()
+        queues = sorted({line.rpartition("\x1f")[0] for line in marks}
+                        | {str(q) for q in self.queues() if q is not None})
+        steps = list(getattr(channel, "priority_steps", None) or [0])
+        pipe = channel.client.pipeline(transaction=False)
+        for queue in queues:
+            for step in steps:
+                pipe.llen(channel._q_for_pri(queue, step))
+        lengths = pipe.execute()
+        for k, queue in enumerate(queues):
+            if not any(lengths[k * len(steps):(k + 1) * len(steps)]):
+                marks[every_line_of(queue)] = now_ms
+        return marks
 
     def _channel(self) -> Any:
         if self._connection is None:

@@ -60,6 +60,9 @@ class RuntimeState:
     queue: str | None = field(default=None, metadata=_wire(
         "q", "the queue beat routed the published message to, once the publish is "
              'confirmed ("": a queue the router did not name; absent: not confirmed)'))
+    priority: int | None = field(default=None, metadata=_wire(
+        "pr", "the priority the confirmed message was published with (absent: none): "
+              "with its queue, the broker list it waits in"))
     domain: str | None = field(default=None, metadata=_wire(
         "dm", "the domain the job is paced under (pacing on, and it has one)"))
     flight_domain: str | None = field(default=None, metadata=_wire(

@@ -29,12 +29,13 @@ from celery_zsched.store import scripts
 from celery_zsched.store.base import Held, Running, time_ms, unavailable
 from celery_zsched.store.batch import Batches
 from celery_zsched.store.connection import is_cluster
-from celery_zsched.store.hot import START_WAIT_MAX_S
+from celery_zsched.store.hot import START_WAIT_MAX_S, every_line_of, line_of
 from celery_zsched.store.robots import SharedResults
 
 __all__ = [
     "START_WAIT_MAX_S", "TASK_ID_NAMESPACE", "ClaimBatch", "Claimed", "Held", "ImportReport",
-    "JobInfo", "ReapResult", "Running", "SettleResult", "StartResult", "Store", "task_id_for",
+    "JobInfo", "ReapResult", "Running", "SettleResult", "StartResult", "Store", "every_line_of",
+    "line_of", "task_id_for",
 ]
 
 

@@ -31,6 +31,18 @@ START_WAIT_MAX_S = 2.0
 LANE_MAX_PENDING = 64
 
 
+def line_of(queue: str, priority: int | None = None) -> str:
+    """The broker list a message waits in, as the store names it: its queue and its
+    priority (kombu's Redis transport keeps one list per priority; ``_prelude.lua``'s
+    ``line_of`` is the same)."""
+    return f"{queue}\x1f{'' if priority is None else priority}"
+
+
+def every_line_of(queue: str) -> str:
+    """A mark under this name holds for every priority of ``queue`` (``lost.lua``)."""
+    return f"{queue}\x1f*"
+
+
 class HotPath(Settles):
     """Claim, publish confirmation, start, heartbeat, retry, settle, reap and rescue:
     what beat, the workers and the gateway call for every occurrence."""
@@ -258,9 +270,41 @@ class HotPath(Settles):
         if not published:
             return 0
         return sum(self._by_job(
-            scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, c.deliveries, queue, c.job.task)
+            scripts.ROUTED, [(c.job.id, c.occurrence, c.attempt, c.deliveries, queue, c.job.task,
+                              "" if c.job.priority is None else c.job.priority)
                              for c, queue in published],
             delivery_ms=int(self.settings.delivery_timeout_s * 1000)))
+
+    @unavailable
+    def received_marks(self) -> dict[str, int]:
+        """Per line (:func:`line_of`), the latest promotion time a worker's start saw, over
+        every partition: each line's messages promoted well before it have left the
+        broker's list (one pipeline)."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys in self.parts:
+            pipe.hgetall(keys.received)
+        marks: dict[str, int] = {}
+        for part in pipe.execute():
+            for line, mark in part.items():
+                marks[line] = max(marks.get(line, 0), int(float(mark)))
+        return marks
+
+    @unavailable
+    def rescue_lost(self, marks: Mapping[str, int], slack_ms: int,
+                    limit: int = 1000) -> list[str]:
+        """Make due again the occurrences whose messages a dead worker took from the broker
+        unrecorded, judged by ``marks`` (line -> promotion time before which the line's
+        messages have left its list; :func:`every_line_of` a queue: each of its lines):
+        confirmed, held by no worker, promoted ``slack_ms`` before their line's mark.
+        ``limit``: most queued entries each partition looks at. Returns the ids."""
+        if not marks:
+            return []
+        reach = int((self.settings.publish_timeout_s + self.settings.delivery_timeout_s) * 1000)
+        args = {"limit": limit, "deadline_max_ms": max(marks.values()) + reach,
+                "slack_ms": slack_ms}
+        rows = sorted(marks.items())
+        calls: list[Call] = [(scripts.LOST, keys, rows, args) for keys in self.parts]
+        return [job_id for reply in self._run(calls) for job_id in scripts.LOST.reply(reply)]
 
     def announce(self, beat: str, *, gone: bool = False) -> None:
         """Record ``beat`` as alive (or, ``gone``, as stopped) for ``zsched repartition``.

@@ -124,6 +124,13 @@ class Keys:
         return self._k("queue_in_flight")
 
     @property
+    def received(self) -> str:
+        """Hash: line (a queue and a priority: one broker list) -> the latest promotion
+        time a start of that line saw. Every message of the line published well before
+        it has left the broker's list (``lost.lua``)."""
+        return self._k("received")
+
+    @property
     def queue_held(self) -> str:
         """Hash: queue -> jobs the claim held back in the schedule because that queue
         was at its bound (parked past ``PARK_BASE``). The claim keeps it and corrects
@@ -294,7 +301,7 @@ class Keys:
         """Every key of the store (for tests and wiping a throwaway store)."""
         return [
             self.defs, self.schedule, self.http_schedule, self.queued, self.queue_in_flight,
-            self.queue_held, self.leases, self.state,
+            self.queue_held, self.received, self.leases, self.state,
             self.paused, self.dead, self.static, self.events, self.counters, self.drain_cursor,
             self.workers, self.domains, self.domain_conf, self.recrawl_mu, self.notify_limits,
             self.notify_digest, self.notify_held, self.audit, self.audit_cursor,

@@ -196,7 +196,7 @@ CLAIM_HTTP = ScriptSpec(
     args=CLAIM.args, reply=_claim_reply)
 START = ScriptSpec(
     "start", ("state", "queued", "leases", "schedule", "counters", "domains", "domain_conf",
-              "http_schedule", "http_wake", "defs", "queue_in_flight"),
+              "http_schedule", "http_wake", "defs", "queue_in_flight", "received"),
     args=("id", "occurrence", "attempt", "delivery", "task", "lease_ms", "expires_ms",
           "pacing", "wait_max_ms"),
     reply=_start_reply)
@@ -206,7 +206,8 @@ HEARTBEAT = ScriptSpec(
     group=("kind", "id", "occurrence", "attempt", "number", "task"), reply=_gone)
 ROUTED = ScriptSpec(
     "routed", ("state", "queued"), args=("delivery_ms",),
-    group=("id", "occurrence", "attempt", "delivery", "queue", "task"), reply=int)
+    group=("id", "occurrence", "attempt", "delivery", "queue", "task", "priority"),
+    reply=int)
 RETRYING = ScriptSpec(
     "retrying", ("leases", "queued", "state", "queue_in_flight"),
     args=("id", "occurrence", "attempt", "deadline_ms", "countdown_ms", "fence"), reply=bool)
@@ -227,6 +228,10 @@ RESCUE = ScriptSpec(
     "rescue", ("state", "queued", "schedule", "counters", "domains", "http_schedule",
                "http_wake", "queue_in_flight"),
     group=("id", "occurrence", "attempt", "delivery"), reply=_names)
+LOST = ScriptSpec(
+    "lost", ("state", "queued", "schedule", "counters", "domains", "http_schedule",
+             "http_wake", "queue_in_flight"),
+    args=("limit", "deadline_max_ms", "slack_ms"), group=("line", "mark"), reply=_names)
 RELEASE = ScriptSpec(
     "release", ("queued", "schedule", "state", "domains", "http_schedule", "http_wake",
                 "queue_in_flight"),
@@ -267,6 +272,6 @@ OUTBOX_REPORT = ScriptSpec(
 #: Every script, by name.
 SCRIPTS: dict[str, ScriptSpec[Any]] = {
     spec.name: spec
-    for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE,
+    for spec in (UPSERT, CLAIM, START, HEARTBEAT, ROUTED, RETRYING, SETTLE, REAP, RESCUE, LOST,
                  RELEASE, CONTROL, RELOCATE, DOMAIN, ROBOTS, NOTIFY, OUTBOX_REPORT)
 }

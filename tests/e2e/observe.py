@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from celery_zsched.core.results import task_id_for
 from celery_zsched.core.state import RuntimeState
 from e2e.conftest import Deployment, Proc, wait_for
 
@@ -75,7 +76,18 @@ def stuck_report(d: Deployment, ids: list[str], since_ms: int) -> str:
              if job_id in ids and st.status != "dead" and (st.last_settled_ms or 0) <= since_ms}
     deadlines = d.store.client.zrange(d.store.keys.queued, 0, 4, withscores=True)
     return (f"{len(stuck)} parked, e.g. {list(stuck.items())[:3]}; first deadlines "
-            f"{deadlines}, now {d.store.now_ms()}; {_broker_holds(d, list(stuck)[:3])}")
+            f"{deadlines}, now {d.store.now_ms()}; {_broker_holds(d, list(stuck)[:3])}; "
+            f"{_logged(d, dict(list(stuck.items())[:3]))}")
+
+
+def _logged(d: Deployment, stuck: dict[str, RuntimeState]) -> str:
+    """Which processes' logs name each stuck occurrence's task id (received, started)."""
+    found: dict[str, list[str]] = {}
+    for job_id, st in stuck.items():
+        task_id = task_id_for(job_id, st.occurrence or 0, st.attempt or 1)
+        found[job_id] = [f"{proc.name}: {line.strip()[:160]}" for proc in d.procs
+                         for line in proc.text().splitlines() if task_id in line]
+    return f"logs naming their task ids {found}"
 
 
 def _broker_holds(d: Deployment, ids: list[str]) -> str:

@@ -242,6 +242,15 @@ local function queued_rem(queued, counts, id, st)
   return n
 end
 
+-- The broker list a confirmed message waits in: its queue, and its priority
+-- (kombu's Redis transport keeps one list per priority). Messages of one line
+-- leave it in the order they were pushed (LPUSH, BRPOP): the start that records
+-- a line's progress (start.lua) and the sweep of lost messages (lost.lua) name
+-- lines so; celery_zsched.store.hot.line_of is the same on the Python side.
+local function line_of(st)
+  return st.q .. "\31" .. (st.pr and string.format("%d", st.pr) or "")
+end
+
 -- A job the claim held back because its queue was at its bound stays in the
 -- schedule, scored PARK_BASE + its due time: past every real due time (run_at
 -- stops at year 9999, 2.5e14 ms), so the claim's due range and the next due

@@ -240,7 +240,7 @@ if limit > 0 then
         st.x = (st.x or 0) + 1
         st.s, st.due, st.p = status, score, now
         -- A new hand-out: not confirmed published, held by no worker yet.
-        st.q, st.w, st.tk = nil, nil, nil
+        st.q, st.w, st.tk, st.pr = nil, nil, nil, nil
         if status == "running" then st.sa, st.k = now, (st.k or 0) + 1 end
         -- queued_add's accounting, with one HINCRBY per queue for the batch.
         if redis.call("ZADD", queued, deliver_by, id) == 1 and q then
