@@ -256,3 +256,58 @@ def test_a_worker_killed_between_acknowledging_and_starting_costs_one_lease(
     assert len({a.task_id for a in arrivals}) == len(arrivals) == ACCEPTED  # each once
     assert restart_ms[-1] <= 2 * lease_ms, restart_ms
     assert tally["orphaned"] >= ACCEPTED
+
+
+#: Jobs of the BRPOP-window test: a steady flow, so later messages follow the lost one.
+FLOW_JOBS = 40
+FLOW_INTERVAL_S = 10.0
+
+
+def test_a_worker_killed_between_brpop_and_recording_the_message_costs_about_a_lease(
+        deploy: Callable[..., Deployment], targets: Callable[..., PacedTarget],
+        request: pytest.FixtureRequest) -> None:
+    """Taken from the list, and recorded nowhere: no broker gives this message back.
+
+    kombu's Redis transport takes a message with BRPOP and records it in its
+    unacked hash only once it has read the reply; a worker killed in between (in
+    production: its loop busy with another message while the reply waits in the
+    socket) takes it along. Here a consumer makes that BRPOP and is SIGKILLed
+    before it records anything. Every timeout is at its default. The message is
+    in no list, no unacked hash, no hold: beat infers it from the list's order
+    once later messages started, or the list emptied (``lost.lua``), so it runs
+    within two leases of the kill, once, and not at the 2 h delivery deadline.
+    """
+    d = deploy()  # every timeout at its default
+    assert d.broker is not None
+    lease_ms = int(d.settings.lease_s * 1000)
+    target = targets(0.0)
+    jobs = [d.job(url=target.url(f"/brpop/{i}"), interval_s=FLOW_INTERVAL_S)
+            for i in range(FLOW_JOBS)]
+    assert d.store.upsert_many(jobs).created == FLOW_JOBS  # first runs staggered
+    ids = [job.id for job in jobs]
+    d.start_beat()
+    d.wait_for(lambda: d.broker.llen(d.queue) > 0, 60, "a message in the broker's list")
+    _, raw = d.broker.brpop([d.queue], timeout=5) or (None, b"")
+    lost = occurrence_in(b"[" + raw + b"]")
+    assert lost is not None, raw
+    killed_ms = d.store.now_ms()  # the consumer died with it: nothing recorded it
+    assert d.store.get(lost[0]).status == "queued"
+    assert not _unacked(d)
+
+    wait_ready(d, d.start_worker("after", pool="prefork", concurrency=4))
+    task_id = task_id_for(*lost[:3])
+    d.wait_for(lambda: any(a.task_id == task_id for a in target.arrivals()),
+               2 * lease_ms / 1000 + 60, "the lost message's occurrence to run")
+    end_ms = d.store.now_ms()
+    wait_all(d, ids, lambda st: (st.last_settled_ms or 0) > end_ms, FLOW_INTERVAL_S + 60,
+             "every job to settle a run after it")
+    runs = [a for a in target.arrivals() if a.task_id == task_id]
+    restart_ms = int(runs[0].at * 1000) - killed_ms
+    tally = counters(d)
+    report(request, "worker_killed_in_the_brpop_window", restart_ms=restart_ms,
+           lease_ms=lease_ms, orphaned=tally["orphaned"], lost=tally["lost"],
+           duplicates_dropped=tally["duplicates"])
+    assert len(runs) == 1
+    assert restart_ms <= 2 * lease_ms, restart_ms
+    assert tally["orphaned"] >= 1
+    assert tally["lost"] == 0  # not the delivery deadline's doing
