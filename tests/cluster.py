@@ -244,6 +244,21 @@ def _create(cli: str, nodes: list[ClusterNode], replicas: int) -> None:
 
 
 @contextlib.contextmanager
+def _answering(node: ClusterNode, server: str, tries: int = 3) -> None:
+    """Wait for ``node`` to answer; one whose port was taken between the check that it
+    was free and its bind (another test's server, on a busy machine) gets a new port."""
+    for attempt in range(tries):
+        try:
+            wait(node.answers, 10, f"redis-server on port {node.port}")
+            return
+        except AssertionError as exc:
+            if attempt == tries - 1 or "Address already in use" not in str(exc):
+                raise
+        node.kill()
+        node.port = cluster_port()
+        node.start(server)
+
+
 def local_cluster(workdir: Path, masters: int = 3, replicas: int = 1) -> Iterator[LocalCluster]:
     """Start ``masters`` masters with ``replicas`` replicas each, as one healthy cluster.
 
@@ -257,7 +272,7 @@ def local_cluster(workdir: Path, masters: int = 3, replicas: int = 1) -> Iterato
         for node in cluster.nodes:
             node.start(server)
         for node in cluster.nodes:
-            wait(node.answers, 10, f"redis-server on port {node.port}")
+            _answering(node, server)
         _create(cli, cluster.nodes, replicas)
         cluster.wait_healthy(60)
         yield cluster

@@ -11,6 +11,7 @@ worker crash loop (``tests/e2e/test_recovery_worker.py``).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -176,6 +177,7 @@ def test_a_message_taken_unrecorded_from_a_list_now_empty_comes_back(
     ids = _publish(broker_app, store, [_job("c0"), _job("c1")])
     time.sleep(0.15)  # promoted more than the slack before the sweep looks
     gone = _pop_unrecorded(broker_app)
+    store.beat([], [], "alive@host:1", ("sweep",))  # a live worker consumes the queue
     sweep = UnackedSweep(broker_app, store, lambda: ["sweep"])  # beat published there
     try:
         # The other message still waits in the list: nothing says the first left it
@@ -186,10 +188,40 @@ def test_a_message_taken_unrecorded_from_a_list_now_empty_comes_back(
         assert _queued(store, *ids) == ids
         other = _pop_unrecorded(broker_app)
         assert {gone, other} == set(ids)
+        store.beat([], [], "alive@host:1", ("sweep",))
         assert sweep.sweep() == 0  # the list is empty, but only a lease from now is it sure
         time.sleep(0.35)
         assert sweep.sweep() == 2
         assert _queued(store, *ids) == []
+    finally:
+        sweep.close()
+
+
+def test_an_emptied_list_says_nothing_while_no_worker_consumes_it_nor_of_a_second_publish(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    """The broker itself may lose a list (a flush, a failover), or a router send messages
+    to a list beat does not know: an empty list proves a worker took them only while one
+    consumes it, and only once per occurrence (then the delivery deadline decides)."""
+    store = make_store(lease_s=0.3)
+    ids = _publish(broker_app, store, [_job("d0")])
+    time.sleep(0.15)
+    with broker_app.connection_for_write() as conn:
+        conn.default_channel.client.delete("sweep")  # lost by the broker: no worker runs
+    sweep = UnackedSweep(broker_app, store, lambda: ["sweep"])
+    try:
+        for _ in range(4):
+            assert sweep.sweep() == 0
+            time.sleep(0.15)
+        assert _queued(store, *ids) == ids  # it only waits, as far as anyone can tell
+        # A second publish of the same occurrence (after a first rescue) is judged by
+        # the starts of its list alone.
+        store.client.hset(store.keys.state, "d0", json.dumps(
+            {**json.loads(store.client.hget(store.keys.state, "d0")), "x": 2}))
+        for _ in range(4):
+            store.beat([], [], "alive@host:1", ("sweep",))
+            assert sweep.sweep() == 0
+            time.sleep(0.15)
+        assert _queued(store, *ids) == ids
     finally:
         sweep.close()
 

@@ -159,7 +159,8 @@ class UnackedSweep:
 
     def _marks_now(self, channel: Any) -> dict[str, int]:
         """Per list, the promotion time before which its messages have all been taken:
-        the latest a start saw, and now for a queue whose lists are all empty."""
+        the latest a start saw, and now for a queue whose lists are all empty while a
+        live worker consumes it."""
         # Redis' time first: a list seen empty after it held nothing pushed before it.
         now_ms = self.store.now_ms()
         marks = self.store.received_marks()
@@ -171,9 +172,11 @@ class UnackedSweep:
             for step in steps:
                 pipe.llen(channel._q_for_pri(queue, step))
         lengths = pipe.execute()
-        for k, queue in enumerate(queues):
-            if not any(lengths[k * len(steps):(k + 1) * len(steps)]):
-                marks[every_line_of(queue)] = now_ms
+        empty = [queue for k, queue in enumerate(queues)
+                 if not any(lengths[k * len(steps):(k + 1) * len(steps)])]
+        # Emptied by a worker, not by the broker losing them: only while one consumes.
+        for queue in self.store.consumed(empty):
+            marks[every_line_of(queue)] = now_ms
         return marks
 
     def _channel(self) -> Any:

@@ -58,6 +58,12 @@ class HotPath(Settles):
         """The per-queue backpressure bound of one partition: its share of ``queue_bound``."""
         return math.ceil(self.settings.queue_bound / len(self.parts))
 
+    @property
+    def alive_ms(self) -> int:
+        """How long after its last heartbeat a worker counts as alive: three missed
+        heartbeats and it is presumed gone."""
+        return int(self.settings.heartbeat_s * 3000)
+
     @unavailable
     def claim(self, limit: int | None = None) -> ClaimBatch:
         """Atomically take up to ``limit`` due jobs and mark them queued (one round trip).
@@ -290,6 +296,21 @@ class HotPath(Settles):
         return marks
 
     @unavailable
+    def consumed(self, queues: Sequence[str]) -> set[str]:
+        """Which of ``queues`` a live worker consumes now (its heartbeat names them;
+        ``""``: a queue the router did not name, consumed while any worker is alive)."""
+        if not queues:
+            return set()
+        keys = self.parts[0]
+        since = time_ms(self.client.time()) - self.alive_ms
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zmscore(keys.workers, [f"q:{q}" for q in queues])
+        pipe.zcount(keys.workers, since, "+inf")
+        seen, any_alive = pipe.execute()
+        return {q for q, at in zip(queues, seen, strict=True)
+                if (any_alive if q == "" else at is not None and at >= since)}
+
+    @unavailable
     def rescue_lost(self, marks: Mapping[str, int], slack_ms: int,
                     limit: int = 1000) -> list[str]:
         """Make due again the occurrences whose messages a dead worker took from the broker
@@ -351,8 +372,7 @@ class HotPath(Settles):
         args = {"limit": limit or self.settings.batch_size,
                 "max_deliveries": max_deliveries or self.settings.max_deliveries,
                 "delivery_ms": int(self.settings.delivery_timeout_s * 1000),
-                # Three missed heartbeats and a worker is presumed gone.
-                "alive_ms": int(self.settings.heartbeat_s * 3000)}
+                "alive_ms": self.alive_ms}
         chosen = range(len(self.parts)) if parts is None else parts
         calls: list[Call] = [(scripts.REAP, self.parts[i], (), args) for i in chosen]
         return ReapResult.merge(scripts.REAP.reply(reply)

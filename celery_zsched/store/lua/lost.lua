@@ -20,6 +20,13 @@
 -- out of claim order (several beats; one that stalled between claim and push):
 -- a message pushed that late and taken as lost is only published twice, and
 -- the start runs one of the two.
+-- A list seen empty proves less than a start: the broker may have lost the
+-- messages itself (a flush, a failover), or a router may have sent them to a
+-- list beat does not know of. So beat marks an empty queue ("<queue>\31*") only
+-- while a worker consuming it is alive (with none, a message only waits, as the
+-- reaper holds it), and the mark counts only for an occurrence's first publish:
+-- one it took for lost once more is left to the delivery deadline, so a
+-- misrouted message is not published again every lease.
 --
 -- KEYS[1] state     hash  id -> runtime state (cjson)
 -- KEYS[2] queued    zset  id -> delivery deadline ms
@@ -40,6 +47,14 @@ local state, queued = KEYS[1], KEYS[2]
 local marks = {}
 for i = 4, #ARGV, 2 do marks[ARGV[i]] = tonumber(ARGV[i + 1]) end
 local slack = tonumber(ARGV[3])
+-- The mark an occurrence is judged by: its list's (a start), or its queue's (the
+-- lists seen empty) for a first publish.
+local function mark_of(st)
+  local mark = marks[line_of(st)] or 0
+  local empty = marks[st.q .. "\31*"]
+  if empty and (st.x or 0) <= 1 then mark = math.max(mark, empty) end
+  return mark
+end
 local domain, flush_domains = domain_cache(KEYS[5], nil)
 local rescued = {}
 local ids = redis.call("ZRANGEBYSCORE", queued, "-inf", ARGV[2], "LIMIT", 0, tonumber(ARGV[1]))
@@ -47,8 +62,7 @@ for _, id in ipairs(ids) do
   local raw = redis.call("HGET", state, id)
   local st = raw and decode_state(raw)
   if st and st.s == "queued" and st.q and not st.w and st.p then
-    local mark = math.max(marks[line_of(st)] or 0, marks[st.q .. "\31*"] or 0)
-    if st.p < mark - slack and queued_rem(queued, KEYS[8], id, st) == 1 then
+    if st.p < mark_of(st) - slack and queued_rem(queued, KEYS[8], id, st) == 1 then
       st.s = "scheduled"
       domain_land(domain, st, id)
       schedule_add(st, id, st.due or now_ms(), KEYS[3], KEYS[6], KEYS[7])
