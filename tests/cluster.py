@@ -243,7 +243,6 @@ def _create(cli: str, nodes: list[ClusterNode], replicas: int) -> None:
                              f"{result.stdout[-3000:]}\n{result.stderr[-2000:]}")
 
 
-@contextlib.contextmanager
 def _answering(node: ClusterNode, server: str, tries: int = 3) -> None:
     """Wait for ``node`` to answer; one whose port was taken between the check that it
     was free and its bind (another test's server, on a busy machine) gets a new port."""
@@ -259,6 +258,7 @@ def _answering(node: ClusterNode, server: str, tries: int = 3) -> None:
         node.start(server)
 
 
+@contextlib.contextmanager
 def local_cluster(workdir: Path, masters: int = 3, replicas: int = 1) -> Iterator[LocalCluster]:
     """Start ``masters`` masters with ``replicas`` replicas each, as one healthy cluster.
 
