@@ -220,7 +220,9 @@ def test_save_delete_and_pause_during_a_redis_outage_reach_beat_within_10_s_of_i
                    "the three changes in Redis")
         last_ms = assert_each_change_recorded_once(d.store, outage_ms, edit, delete, pause)
         assert last_ms - back_ms <= BOUND_MS, (last_ms - back_ms)
-        assert web.call(op="state")["outbox"] == []
+        # The sweeper confirms each push (deletes its entry) after Redis applied it.
+        d.wait_for(lambda: web.call(op="state")["outbox"] == [], 30,
+                   "the sweeper to confirm its pushes")
         assert "cannot push pending changes" in beat.text()
 
         # The deleted job never runs again: beat runs the others on, and nothing of
@@ -261,7 +263,8 @@ def test_a_change_whose_web_process_died_between_commit_and_push_reaches_redis_w
     assert (change.action, change.actor.name) == ("edit", "alice")
     assert at_ms(change) - killed_ms <= BOUND_MS
     assert d.store.get(edit).state.version == row["version"]
-    assert other.call(op="state")["outbox"] == []
+    d.wait_for(lambda: other.call(op="state")["outbox"] == [], 30,
+               "the sweeper to confirm its push")
     print(f"\n[{database_url.split(':')[0]}] crash: the change was in Redis "
           f"{at_ms(change) - killed_ms} ms after the web process died (Redis clock)")
 
@@ -305,7 +308,8 @@ def _failover(group: SentinelGroup, deploy: Callable[..., Deployment], web_for: 
                "the three changes on the new master")
     last_ms = assert_each_change_recorded_once(d.store, started_ms, edit, delete, pause)
     assert last_ms - promoted_ms <= BOUND_MS, (last_ms - promoted_ms)
-    assert web.call(op="state")["outbox"] == []
+    d.wait_for(lambda: web.call(op="state")["outbox"] == [], 30,
+               "the sweeper to confirm its pushes")
     # Nothing resurrected: a late push of the deleted job's old definition, as a
     # web process that hung across the failover would send, is refused.
     late = d.store.upsert(old_definition, version=old_version)
