@@ -24,7 +24,7 @@ from celery import Celery
 from celery_zsched.beat.publish import publish_batch
 from celery_zsched.beat.unacked import UnackedSweep, occurrence_in
 from celery_zsched.core.job import Job
-from celery_zsched.store import Store
+from celery_zsched.store import Store, line_of
 
 
 @pytest.fixture
@@ -250,3 +250,25 @@ def test_a_start_in_one_priority_list_says_nothing_of_another(
         assert _pop_unrecorded(broker_app) == "low"  # it was there all along
     finally:
         sweep.close()
+
+
+def test_a_fleets_held_prefetch_does_not_hide_a_lost_message_from_the_look(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    """Held messages sort first in ``queued`` (a lease from their last heartbeat): the
+    look skips them, so a bounded look still reaches the lost one behind them."""
+    store = make_store(lease_s=0.3)
+    taken = _publish(broker_app, store, [_job(f"h{i}") for i in range(4)])
+    time.sleep(0.05)
+    _publish(broker_app, store, [_job("later")])
+    popped = [_pop_unrecorded(broker_app) for _ in range(4)]
+    assert sorted(popped) == sorted(taken)
+    held, lost = popped[:3], popped[3]
+    store.beat([], [(job_id, store.get(job_id).state.occurrence, 1, 1, "t") for job_id in held],
+               "alive@host:1")
+    assert _pop_unrecorded(broker_app) == "later"
+    assert store.start("later", store.get("later").state.occurrence, 1, delivery=1,
+                       task="t").runs
+    marks = store.received_marks()
+    assert list(marks) == [line_of("sweep")]
+    assert store.rescue_lost(marks, slack_ms=0, limit=1) == [lost]
+    assert _queued(store, *held) == held

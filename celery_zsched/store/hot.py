@@ -321,8 +321,9 @@ class HotPath(Settles):
         if not marks:
             return []
         reach = int((self.settings.publish_timeout_s + self.settings.delivery_timeout_s) * 1000)
+        near = max(self.settings.lease_s, self.settings.publish_timeout_s)
         args = {"limit": limit, "deadline_max_ms": max(marks.values()) + reach,
-                "slack_ms": slack_ms}
+                "slack_ms": slack_ms, "near_ms": int(near * 1000)}
         rows = sorted(marks.items())
         calls: list[Call] = [(scripts.LOST, keys, rows, args) for keys in self.parts]
         return [job_id for reply in self._run(calls) for job_id in scripts.LOST.reply(reply)]

@@ -231,7 +231,8 @@ RESCUE = ScriptSpec(
 LOST = ScriptSpec(
     "lost", ("state", "queued", "schedule", "counters", "domains", "http_schedule",
              "http_wake", "queue_in_flight"),
-    args=("limit", "deadline_max_ms", "slack_ms"), group=("line", "mark"), reply=_names)
+    args=("limit", "deadline_max_ms", "slack_ms", "near_ms"), group=("line", "mark"),
+    reply=_names)
 RELEASE = ScriptSpec(
     "release", ("queued", "schedule", "state", "domains", "http_schedule", "http_wake",
                 "queue_in_flight"),

@@ -40,12 +40,17 @@
 -- ARGV[2] look at entries of queued whose deadline is at most this (ms): past it,
 --         a confirmed message was confirmed after every mark
 -- ARGV[3] slack, ms: an occurrence is behind a mark if promoted this much before it
--- ARGV[4..] groups of 2: line (line_of; "<queue>\31*": every line of that
+-- ARGV[4] look only at entries of queued whose deadline is more than this from now
+--         (ms): the nearer ones are held by a worker (a lease from its last
+--         heartbeat), under beat's publish deadline, or about to reach the delivery
+--         deadline, which brings them back anyway. A fleet's prefetch, held, would
+--         otherwise fill every look.
+-- ARGV[5..] groups of 2: line (line_of; "<queue>\31*": every line of that
 --           queue), mark (promotion time, ms on Redis' clock)
 -- Returns the ids made due again
 local state, queued = KEYS[1], KEYS[2]
 local marks = {}
-for i = 4, #ARGV, 2 do marks[ARGV[i]] = tonumber(ARGV[i + 1]) end
+for i = 5, #ARGV, 2 do marks[ARGV[i]] = tonumber(ARGV[i + 1]) end
 local slack = tonumber(ARGV[3])
 -- The mark an occurrence is judged by: its list's (a start), or its queue's (the
 -- lists seen empty) for a first publish.
@@ -57,7 +62,8 @@ local function mark_of(st)
 end
 local domain, flush_domains = domain_cache(KEYS[5], nil)
 local rescued = {}
-local ids = redis.call("ZRANGEBYSCORE", queued, "-inf", ARGV[2], "LIMIT", 0, tonumber(ARGV[1]))
+local ids = redis.call("ZRANGEBYSCORE", queued, "(" .. (now_ms() + tonumber(ARGV[4])), ARGV[2],
+                      "LIMIT", 0, tonumber(ARGV[1]))
 for _, id in ipairs(ids) do
   local raw = redis.call("HGET", state, id)
   local st = raw and decode_state(raw)
