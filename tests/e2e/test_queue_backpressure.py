@@ -43,10 +43,12 @@ OUTAGE_S = 600.0 if SOAK else 35.0
 #: backpressure's), so they are reported apart and left out of the comparison.
 BURST_S = 10.0
 #: Lateness stays at its normal p99: within this factor of the baseline's p99, plus
-#: a floor for a loaded 2-core box. Held back by a bound per store it would grow
-#: with the outage, to tens of seconds.
+#: a floor. Held back by a bound per store it would grow with the outage, to tens of
+#: seconds. The short variant runs beside the rest of the suite on 2 cores, where a
+#: neighbour's burst alone moved the p99 of a 25 s window from 128 to 358 ms: its
+#: floor is half a second. The soak runs alone (quiet: 27 ms baseline, 14 ms held).
 P99_FACTOR = 2.0
-P99_FLOOR_MS = 150
+P99_FLOOR_MS = 150 if SOAK else 500
 #: Once its workers are back, held-back jobs of the dead queue go out as room frees:
 #: CI waits for this many of them to be taken back; the soak for every job to run.
 TAKEN_BACK = 200
