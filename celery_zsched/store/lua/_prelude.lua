@@ -242,6 +242,16 @@ local function queued_rem(queued, counts, id, st)
   return n
 end
 
+-- Back to the schedule at its due time, same occurrence and attempt, out of its
+-- domain's flight: nothing will start its message (its worker or beat died, or the
+-- message was lost), so the next claim publishes it again with the same task id.
+-- The caller takes it out of queued or leases, and writes the state.
+local function due_again(st, id, domain, schedule, http, wake)
+  st.s = "scheduled"
+  domain_land(domain, st, id)
+  schedule_add(st, id, st.due or now_ms(), schedule, http, wake)
+end
+
 -- The broker list a confirmed message waits in: its queue, and its priority
 -- (kombu's Redis transport keeps one list per priority). Messages of one line
 -- leave it in the order they were pushed (LPUSH, BRPOP): the start that records

@@ -69,9 +69,7 @@ for _, id in ipairs(ids) do
   local st = raw and decode_state(raw)
   if st and st.s == "queued" and st.q and not st.w and st.p then
     if st.p < mark_of(st) - slack and queued_rem(queued, KEYS[8], id, st) == 1 then
-      st.s = "scheduled"
-      domain_land(domain, st, id)
-      schedule_add(st, id, st.due or now_ms(), KEYS[3], KEYS[6], KEYS[7])
+      due_again(st, id, domain, KEYS[3], KEYS[6], KEYS[7])
       redis.call("HSET", state, id, encode_state(st))
       rescued[#rescued + 1] = id
     end

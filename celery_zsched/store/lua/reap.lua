@@ -69,9 +69,7 @@ local function live_state(id)
 end
 
 local function reschedule(id, st)
-  st.s = "scheduled"
-  domain_land(domain, st, id)
-  schedule_add(st, id, st.due or now, schedule, http, wake)
+  due_again(st, id, domain, schedule, http, wake)
 end
 
 for _, id in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, limit)) do

@@ -28,9 +28,7 @@ for i = 1, #ARGV, 4 do
   local st = current_state(state, id, ARGV[i + 1], ARGV[i + 2], {"queued"})
   if st and not st.w and st.x == tonumber(ARGV[i + 3])
       and queued_rem(queued, KEYS[8], id, st) == 1 then
-    st.s = "scheduled"
-    domain_land(domain, st, id)
-    schedule_add(st, id, st.due or now_ms(), schedule, KEYS[6], KEYS[7])
+    due_again(st, id, domain, schedule, KEYS[6], KEYS[7])
     redis.call("HSET", state, id, encode_state(st))
     rescued[#rescued + 1] = id
   end
