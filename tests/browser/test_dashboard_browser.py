@@ -138,9 +138,11 @@ def test_the_dashboard_draws_its_charts_from_the_server_alone(
     page.click(".object-tools a:text('Dashboard')")
     page.wait_for_selector("svg.zsched-chart")
 
+    # Due load, freshness (the sampled recrawl intervals), states, lateness, outcomes.
     charts = page.locator("svg.zsched-chart")
-    assert charts.count() == 4
-    for i in range(4):
+    assert charts.count() == 5
+    assert page.locator("#zsched-freshness svg.zsched-chart").count() == 1
+    for i in range(5):
         box = charts.nth(i).bounding_box()
         assert box is not None and box["width"] > 300 and box["height"] > 150
     bars = page.locator("#zsched-due svg rect.bar")
