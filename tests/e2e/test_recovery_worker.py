@@ -198,10 +198,31 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
         assert held, "the kills must land on prefetched, unstarted messages"
         assert held_restarts and held_restarts[-1] <= 2 * lease_ms, held_restarts[-5:]
         assert tally["orphaned"] >= 1
-    assert restarts and restarts[-1] <= 2 * lease_ms, restarts[-5:]
+    assert restarts and restarts[-1] <= 2 * lease_ms, _slowest(kills, after, arrivals)
     assert not parked, parked[:5]
     assert not unexplained, unexplained[:5]
     assert dead == expected_dead, (dead, expected_dead)
+
+
+def _slowest(kills: list[Kill], after: list[dict[Occ, int | None]],
+             arrivals: list[Arrival]) -> list[str]:
+    """The five slowest restarts, each with every kill that found it in flight, for a
+    failure's message: which worker held it, and when it ran again."""
+    ranked = sorted(((ms, k, occ) for k, one in enumerate(after)
+                     for occ, ms in one.items() if ms is not None), reverse=True)[:5]
+    runs: dict[str, list[str]] = {}
+    for arrival in arrivals:
+        runs.setdefault(arrival.task_id, []).append(
+            f"{arrival.worker}@{int(arrival.at * 1000) - kills[0].at_ms}")
+    out = []
+    for ms, k, occ in ranked:
+        seen_at = [f"kill {i} ({kill.worker}@{kill.at_ms - kills[0].at_ms}"
+                   f"{' running' if occ in kill.running else ''}"
+                   f"{' held' if occ in kill.held else ''})"
+                   for i, kill in enumerate(kills) if occ in kill.in_flight]
+        out.append(f"{occ} {ms} ms after kill {k}; in flight at {', '.join(seen_at)}; "
+                   f"ran {runs.get(task_id_for(*occ), [])}")
+    return out
 
 
 
