@@ -312,8 +312,8 @@ def _count_templated(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         counts["messages"] += 1
         return build(template, message, tag)
 
-    def counting_learn(push: Any, caught: Any, message: Any) -> Any:
-        template = learn(push, caught, message)
+    def counting_learn(push: Any, caught: Any, message: Any, lists: Any) -> Any:
+        template = learn(push, caught, message, lists)
         counts["messages"] -= template is not None  # its check built one
         return template
 
@@ -404,3 +404,39 @@ def test_more_headers_reach_each_message_and_change_nothing_else(
             assert properties["application_headers"].pop("traceparent") == extra["traceparent"]
         without = {k: v for k, v in plain[one.task_id].items() if k != "raw"}
         assert {**message, "headers": headers, "properties": properties} == without
+
+
+@pytest.mark.parametrize("receiver", [False, True], ids=["templated", "kombu"])
+def test_republished_occurrences_go_to_the_front_of_their_list_in_their_order(
+        redis_url: str, rclient: redis.Redis, receiver: bool) -> None:
+    """A second or later delivery (a dead worker's, a lost message's) is taken next by a
+    consumer, ahead of first deliveries already waiting and of those in its batch, as
+    kombu's own restore puts an unacknowledged message back; first deliveries keep
+    kombu's order. A publish receiver sends every message through kombu: the same."""
+    app = Celery("front", broker=redis_url, set_as_current=False)
+    app.conf.task_default_queue = "front"
+
+    def job(name: str, deliveries: int) -> Claimed:
+        claimed = _claimed({"url": f"http://127.0.0.1:1/{name}"}, 1_000)
+        return Claimed(claimed.job, 1_000, 1, deliveries, 1_000, 1_003)
+
+    waiting = [job("old-a", 1), job("old-b", 1)]
+    batch = [job("new-a", 1), job("again-a", 2), job("new-b", 1), job("again-b", 3)]
+
+    def stamp(**_: Any) -> None:
+        pass
+
+    if receiver:
+        celery.signals.before_task_publish.connect(stamp)
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_batch(app, producer, waiting)
+            publish_batch(app, producer, batch)
+    finally:
+        celery.signals.before_task_publish.disconnect(stamp)
+        app.close()
+    # BRPOP takes from the right: the consuming order.
+    taken = [json.loads(raw)["headers"] for raw in reversed(rclient.lrange("front", 0, -1))]
+    by_id = {c.task_id: c.job.url for c in waiting + batch}
+    assert [by_id[h["id"]].rsplit("/", 1)[1] for h in taken] == [
+        "again-a", "again-b", "old-a", "old-b", "new-a", "new-b"]

@@ -272,3 +272,31 @@ def test_a_fleets_held_prefetch_does_not_hide_a_lost_message_from_the_look(
     assert list(marks) == [line_of("sweep")]
     assert store.rescue_lost(marks, slack_ms=0, limit=1) == [lost]
     assert _queued(store, *held) == held
+
+
+def test_a_republished_message_runs_first_and_its_start_takes_nothing_behind_it_for_lost(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    """A lost message made due again is pushed to the front of its list, ahead of a first
+    delivery that waited there all along. Its start proves nothing about the messages
+    behind it, so it marks no line: the waiting one is not taken for lost."""
+    store = make_store(lease_s=0.3)
+    lost = _publish(broker_app, store, [_job("lost")])[0]
+    time.sleep(0.05)
+    waiting = _publish(broker_app, store, [_job("waiting")])[0]
+    assert _pop_unrecorded(broker_app) == lost
+    line = line_of("sweep")
+    # A later first delivery's start would give this mark: the lost one only.
+    promoted = store.get(waiting).state.promoted_ms
+    assert promoted is not None
+    assert store.rescue_lost({line: promoted}, slack_ms=1, limit=10) == [lost]
+    claimed = store.claim().jobs
+    assert [(c.job.id, c.deliveries) for c in claimed] == [(lost, 2)]
+    with broker_app.producer_or_acquire() as producer:
+        publish_batch(broker_app, producer, claimed)
+    store.routed([(c, "sweep") for c in claimed])
+    assert _pop_unrecorded(broker_app) == lost  # the front: ahead of the waiting one
+    assert store.start(lost, claimed[0].occurrence, 1, delivery=2, task="t").runs
+    assert store.received_marks() == {}
+    assert store.rescue_lost(store.received_marks(), slack_ms=0, limit=10) == []
+    assert _queued(store, waiting) == [waiting]
+    assert _pop_unrecorded(broker_app) == waiting  # still there, once

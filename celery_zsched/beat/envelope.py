@@ -14,6 +14,12 @@ only the final push is pipelined, as kombu 5.7's own publish batch does.
 
 Messages are pushed with one LPUSH per list, whose values go in the order
 sequential LPUSHes would leave them, so consumers see the same lists.
+
+A message that republishes an occurrence (its second or later delivery: a dead
+worker's, a lost or an unpublished message recovered) goes to the consuming end
+of its list instead (RPUSH), as kombu's own restore of an unacknowledged message
+does and RabbitMQ's requeue: recovered work runs next, not behind a backlog that
+was queued after it. Among themselves, such messages keep their order.
 """
 
 from __future__ import annotations
@@ -126,15 +132,18 @@ class RedisPush:
     def __init__(self, channel: Any) -> None:
         self.channel = channel
         self.lists: dict[str, list[str]] = {}
+        #: Envelopes for the consuming end of each list (recovered occurrences).
+        self.front: dict[str, list[str]] = {}
         self.templates: dict[tuple[Any, ...], _Template | None] = {}
         self.random: list[int] = []
 
-    def capture(self, send: Callable[[], None]) -> list[tuple[str, dict[str, Any]]]:
+    def capture(self, send: Callable[[], None],
+                front: bool = False) -> list[tuple[str, dict[str, Any]]]:
         """Run ``send`` (Celery's and kombu's publish) with kombu's final push caught.
 
         Returns each (list key, message) it would have pushed, and queues them
-        here, serialized as kombu would. A queue with an expiry is pushed by
-        kombu itself (with its PEXPIREs), at once.
+        here, serialized as kombu would (``front``: for the consuming end). A queue
+        with an expiry is pushed by kombu itself (with its PEXPIREs), at once.
         """
         channel = self.channel
         caught: list[tuple[str, dict[str, Any]]] = []
@@ -148,7 +157,8 @@ class RedisPush:
                 return
             priority = channel._get_message_priority(message, reverse=False)
             key = channel._q_for_pri(queue, priority)
-            self.lists.setdefault(key, []).append(kombu_json.dumps(message))
+            (self.front if front else self.lists).setdefault(key, []).append(
+                kombu_json.dumps(message))
             caught.append((key, message))
 
         channel._put = catch
@@ -159,28 +169,30 @@ class RedisPush:
         return caught
 
     def send(self, route: tuple[Any, ...] | None, message: Message,
-             publish: Callable[[], None]) -> None:
+             publish: Callable[[], None], front: bool = False) -> None:
         """Queue ``message``: built from its route's template, or by ``publish`` (Celery's
         and kombu's own path), whose first message of a route tries to become the template.
 
         ``route`` names what the messages sharing a template have in common; ``None``:
-        nothing, always ``publish``.
+        nothing, always ``publish``. ``front``: for the consuming end of its list.
         """
         if route is None:
-            self.capture(publish)
+            self.capture(publish, front)
             return
         template = self.templates.get(route, _UNKNOWN)
         if isinstance(template, _Template):
             payload = template.build(message, self._delivery_tag())
+            lists = self.front if front else self.lists
             for key in template.keys:
-                self.lists.setdefault(key, []).append(payload)
+                lists.setdefault(key, []).append(payload)
             return
-        caught = self.capture(publish)
+        caught = self.capture(publish, front)
         if template is _UNKNOWN:
-            self.templates[route] = self._learn(caught, message)
+            self.templates[route] = self._learn(caught, message,
+                                                self.front if front else self.lists)
 
-    def _learn(self, caught: list[tuple[str, dict[str, Any]]],
-               message: Message) -> _Template | None:
+    def _learn(self, caught: list[tuple[str, dict[str, Any]]], message: Message,
+               lists: dict[str, list[str]]) -> _Template | None:
         """A template from kombu's message, if it rebuilds that message byte for byte."""
         if not caught or len({id(m) for _, m in caught}) != 1:
             return None
@@ -190,7 +202,7 @@ class RedisPush:
             rebuilt = template.build(message, first["properties"]["delivery_tag"])
         except (KeyError, TypeError, ValueError):  # not the envelope this module knows
             return None
-        return template if rebuilt == self.lists[key][-1] else None
+        return template if rebuilt == lists[key][-1] else None
 
     def _delivery_tag(self) -> str:
         """``str(uuid.uuid4())``, as kombu's virtual channel tags a message, minus the
@@ -203,13 +215,18 @@ class RedisPush:
         return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
     def push(self) -> None:
-        """LPUSH what was collected, one command per list, in one round trip."""
-        if not self.lists:
+        """LPUSH what was collected, and RPUSH what goes to the front, one command per
+        list, in one round trip."""
+        if not self.lists and not self.front:
             return
         lists, self.lists = self.lists, {}
+        front, self.front = self.front, {}
         with self.channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             for key, payloads in lists.items():
                 pipe.lpush(key, *payloads)
+            for key, payloads in front.items():
+                # BRPOP takes the rightmost value: the first of them goes last.
+                pipe.rpush(key, *reversed(payloads))
             pipe.execute()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
 from collections.abc import Mapping, Sequence
@@ -66,14 +67,18 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed],
     """
     if not jobs:
         return
-    channel = redis_channel(producer) if _no_publish_receivers() else None
-    if channel is not None and (sender := _BatchSender.make(app, producer, True)) is not None:
+    channel = redis_channel(producer)
+    if channel is not None and _no_publish_receivers() \
+            and (sender := _BatchSender.make(app, producer, True)) is not None:
         push = RedisPush(channel)
         extras = more_headers if more_headers is not None else [None] * len(jobs)
         with producer.connection._reraise_as_library_errors():
             for claimed, more in zip(jobs, extras, strict=True):
                 sender.send(claimed, push, more)
             push.push()
+        return
+    if channel is not None and any(claimed.deliveries > 1 for claimed in jobs):
+        _republished_first(app, producer, RedisPush(channel), jobs, more_headers)
         return
     batch = producer.batch(max_size=max(1, len(jobs))) if hasattr(producer, "batch") else None
     sender = _BatchSender.make(app, producer, buffered=batch is not None and _buffers(producer))
@@ -93,6 +98,25 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed],
         else:
             for claimed, more in zip(jobs, more_headers, strict=True):
                 sender.send(claimed, None, more)
+
+
+def _republished_first(app: Any, producer: Any, front: RedisPush, jobs: Sequence[Claimed],
+                       more_headers: Sequence[Mapping[str, str]] | None) -> None:
+    """:func:`publish_batch` where publish receivers rule templates out: republished
+    occurrences still go to the front of their lists, through ``send_task`` (its
+    signals fire) with only kombu's final push caught; the rest as usual."""
+    rest: list[Claimed] = []
+    rest_more: list[Mapping[str, str]] = []
+    for i, claimed in enumerate(jobs):
+        more = more_headers[i] if more_headers is not None else None
+        if claimed.deliveries > 1:
+            front.capture(functools.partial(_send, app, producer, claimed, more), True)
+        else:
+            rest.append(claimed)
+            if more is not None:
+                rest_more.append(more)
+    publish_batch(app, producer, rest, None if more_headers is None else rest_more)
+    front.push()
 
 
 def _no_publish_receivers() -> bool:
@@ -259,7 +283,8 @@ class _BatchSender:
                 if push is None:
                     _send(self.app, self.producer, claimed, more)
                 else:
-                    push.capture(lambda: _send(self.app, self.producer, claimed, more))
+                    push.capture(lambda: _send(self.app, self.producer, claimed, more),
+                                 claimed.deliveries > 1)
                 return
             if self.cacheable:  # routes that ignore the arguments
                 self.routes[key] = route
@@ -277,7 +302,10 @@ class _BatchSender:
         # A relative expiry is an absolute time per message: no template.
         template_key = (key, tuple(message.headers)) if self.cacheable and route.expires is None \
             else None
-        push.send(template_key, message, lambda: self._publish(route, name, message, False))
+        # A republished occurrence (recovered from a dead process or a lost message)
+        # goes to the front of its list (celery_zsched.beat.envelope).
+        push.send(template_key, message, lambda: self._publish(route, name, message, False),
+                  claimed.deliveries > 1)
 
     def _publish(self, route: _Route, name: str, message: Message, on_call: bool = True) -> None:
         """``send_task``'s message creation and publish, for one message."""

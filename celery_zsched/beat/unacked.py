@@ -16,7 +16,8 @@ kombu takes it with BRPOP and records it in the unacked index only after it
 has read the reply, so a worker killed in between (the reply unread while its
 loop handled another message) takes it along. Nothing names that message, so
 the sweep infers it from the order of the broker's lists, which are first in,
-first out (``lost.lua``): once a later message of the same list has started,
+first out for first deliveries, a republished occurrence going to the front
+(``lost.lua``): once a later first delivery of the same list has started,
 or the list was seen empty, and a lease has passed, a still-queued occurrence
 that no worker holds was taken by a worker that died. It is made due again the
 same way.

@@ -16,7 +16,9 @@ connection dies. Either way:
   within two leases of the kill (the restart's arrival at the target, against
   the kill, both on this machine's clock, which is the one Redis' ``TIME``
   reads); so does every other occurrence in flight then, which only waited in
-  the broker;
+  the broker. One that a later kill found held again (recovered, and taken by
+  the next worker to die) is measured from that kill. A republished occurrence
+  goes to the front of its list, so its restart does not wait for the backlog;
 * every re-execution is explained by a kill of the worker that ran the first;
 * no job is parked at the end: each one settles a run after the loop;
 * dead letters only for jobs whose executions were really killed
@@ -108,17 +110,28 @@ def _snapshot(d: Deployment, worker: str, at_ms: int,
     return Kill(worker, at_ms, frozenset(running), frozenset(held), frozenset(in_flight))
 
 
-def _restarts(kill: Kill, arrivals: list[Arrival], dead: set[str]) -> dict[Occ, int | None]:
-    """Ms from the kill to the first arrival of each occurrence in flight then (its
-    restart; ``None``: it never ran again). Dead-lettered jobs are left out."""
+def _restarts(kills: list[Kill], k: int, arrivals: list[Arrival],
+              dead: set[str]) -> dict[Occ, int | None]:
+    """Ms from kill ``k`` to the first arrival of each occurrence in flight then (its
+    restart; ``None``: it never ran again). Dead-lettered jobs are left out, and so is
+    one that a later kill found held again before it ran: it was recovered and
+    delivered once more, and its restart is that kill's to measure."""
+    kill = kills[k]
     first: dict[str, int] = {}
     for arrival in arrivals:
         at_ms = int(arrival.at * 1000)
         if at_ms > kill.at_ms:
             first.setdefault(arrival.task_id, at_ms)
-    return {occ: (first[task_id_for(*occ)] - kill.at_ms) if task_id_for(*occ) in first
-            else None
-            for occ in kill.in_flight if occ[0] not in dead}
+    out: dict[Occ, int | None] = {}
+    for occ in kill.in_flight:
+        if occ[0] in dead:
+            continue
+        ran = first.get(task_id_for(*occ))
+        if any(occ in later.held and (ran is None or later.at_ms < ran)
+               for later in kills[k + 1:]):
+            continue
+        out[occ] = None if ran is None else ran - kill.at_ms
+    return out
 
 
 @pytest.mark.parametrize("broker", ["redis", "amqp"])
@@ -161,7 +174,7 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
 
     arrivals = target.arrivals()
     dead = {job_id for job_id, st in final.items() if st.status == "dead"}
-    after = [_restarts(kill, arrivals, dead) for kill in kills]
+    after = [_restarts(kills, k, arrivals, dead) for k in range(len(kills))]
     restarts = sorted(ms for one in after for ms in one.values() if ms is not None)
     held_restarts = sorted(ms for kill, one in zip(kills, after, strict=True)
                            for occ, ms in one.items() if occ in kill.held and ms is not None)
@@ -196,7 +209,8 @@ def test_a_worker_killed_with_its_prefetch_costs_one_lease_not_the_visibility_ti
     assert sum(crashes.values()) >= 1, "the kills must land on running tasks"
     if broker == "redis":
         assert held, "the kills must land on prefetched, unstarted messages"
-        assert held_restarts and held_restarts[-1] <= 2 * lease_ms, held_restarts[-5:]
+        assert held_restarts and held_restarts[-1] <= 2 * lease_ms, \
+            _slowest(kills, after, arrivals)
         assert tally["orphaned"] >= 1
     assert restarts and restarts[-1] <= 2 * lease_ms, _slowest(kills, after, arrivals)
     assert not parked, parked[:5]
@@ -220,9 +234,11 @@ def _slowest(kills: list[Kill], after: list[dict[Occ, int | None]],
                    f"{' running' if occ in kill.running else ''}"
                    f"{' held' if occ in kill.held else ''})"
                    for i, kill in enumerate(kills) if occ in kill.in_flight]
-        out.append(f"{occ} {ms} ms after kill {k}; in flight at {', '.join(seen_at)}; "
+        out.append(f"{occ} {ms} ms after kill {k} (at {kills[k].at_ms}, first kill at "
+                   f"{kills[0].at_ms}); in flight at {', '.join(seen_at)}; "
                    f"ran {runs.get(task_id_for(*occ), [])}")
-    return out
+    print("\nslowest restarts:\n" + "\n".join(out))
+    return out[:1]
 
 
 

@@ -7,10 +7,12 @@
 -- broker has it any more, no worker holds it, nothing will start it, and its
 -- occurrence waited out the 2 h delivery deadline.
 --
--- Each line (a queue and a priority: one broker list) is first in, first out.
--- A mark for a line says that every message of it published (claimed) before
--- the mark has left the list: a start of a message promoted at the mark (it
--- was pushed after them), or the list seen empty then. Beat passes marks it
+-- Each line (a queue and a priority: one broker list) is first in, first out
+-- for first deliveries; a republished occurrence goes to its front, ahead of
+-- all of them (celery_zsched.beat.envelope). A mark for a line says that every
+-- message of it published (claimed) before the mark has left the list: a start
+-- of a first delivery promoted at the mark (it was pushed after them, behind
+-- any republished one), or the list seen empty then. Beat passes marks it
 -- read a lease ago: a live worker that took one of those messages has
 -- recorded its hold since (heartbeat.lua, every third of a lease). So an
 -- occurrence still queued, confirmed published, held by no worker, and

@@ -26,9 +26,9 @@
 -- KEYS[10] defs     hash  id -> definition JSON (returned with "ok": the settle
 --                         computes the next due from it without reading it again)
 -- KEYS[11] queue_in_flight  hash  queue -> its occurrences in queued
--- KEYS[12] received  hash  line (line_of) -> latest promotion a start of that line
---                          saw: every message of the line published well before it
---                          has left the broker's list (lost.lua)
+-- KEYS[12] received  hash  line (line_of) -> latest promotion a first delivery's
+--                          start of that line saw: every message of the line published
+--                          well before it has left the broker's list (lost.lua)
 -- ARGV[1] job id
 -- ARGV[2] occurrence
 -- ARGV[3] attempt
@@ -128,7 +128,9 @@ if P and st.fd then
   s.S, e.dirty = now, true
   flush()
 end
-if st.q and st.p then
+-- Only a first delivery marks its line: a republished one was pushed to the
+-- front of the list (celery_zsched.beat.envelope), past messages still waiting.
+if st.q and st.p and (delivery or 1) <= 1 then
   local line = line_of(st)
   if st.p > tonumber(redis.call("HGET", KEYS[12], line) or 0) then
     redis.call("HSET", KEYS[12], line, st.p)
