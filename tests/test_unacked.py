@@ -300,3 +300,26 @@ def test_a_republished_message_runs_first_and_its_start_takes_nothing_behind_it_
     assert store.rescue_lost(store.received_marks(), slack_ms=0, limit=10) == []
     assert _queued(store, waiting) == [waiting]
     assert _pop_unrecorded(broker_app) == waiting  # still there, once
+
+
+def test_an_original_that_shows_up_after_its_republish_marks_no_line(
+        broker_app: Celery, make_store: Callable[..., Store]) -> None:
+    """An occurrence taken for lost and republished whose first message shows up after
+    all (a slow worker, kombu's restore): that message was pushed at the first publish,
+    before the promotion time the state now holds, so its start marks nothing and the
+    message published between the two is not taken for lost."""
+    store = make_store(lease_s=0.3)
+    first = _publish(broker_app, store, [_job("first")])[0]
+    time.sleep(0.05)
+    between = _publish(broker_app, store, [_job("between")])[0]
+    promoted = store.get(between).state.promoted_ms
+    assert promoted is not None
+    assert store.rescue_lost({line_of("sweep"): promoted}, slack_ms=1, limit=10) == [first]
+    time.sleep(0.05)
+    claimed = store.claim().jobs
+    assert [(c.job.id, c.deliveries) for c in claimed] == [(first, 2)]
+    store.routed([(c, "sweep") for c in claimed])
+    assert store.start(first, claimed[0].occurrence, 1, delivery=1, task="t").runs
+    assert store.received_marks() == {}
+    assert store.rescue_lost(store.received_marks(), slack_ms=0, limit=10) == []
+    assert _queued(store, between) == [between]

@@ -128,9 +128,11 @@ if P and st.fd then
   s.S, e.dirty = now, true
   flush()
 end
--- Only a first delivery marks its line: a republished one was pushed to the
--- front of the list (celery_zsched.beat.envelope), past messages still waiting.
-if st.q and st.p and (delivery or 1) <= 1 then
+-- Only an occurrence published once marks its line, with that publish's time: a
+-- republished message was pushed to the front of the list (celery_zsched.beat.envelope),
+-- past messages still waiting, and an original that shows up after a republish
+-- was pushed before the promotion time the state now holds.
+if st.q and st.p and (delivery or 1) <= 1 and published <= 1 then
   local line = line_of(st)
   if st.p > tonumber(redis.call("HGET", KEYS[12], line) or 0) then
     redis.call("HSET", KEYS[12], line, st.p)
