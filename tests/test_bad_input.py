@@ -10,15 +10,18 @@ this module is ``test_bad_input_fuzz.py``.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from celery_zsched.config import Settings
 from celery_zsched.core.errors import ConfigurationError, ImportValidationError, ValidationError
 from celery_zsched.core.formats import read_rows
 from celery_zsched.core.job import Defaults, Job
 from celery_zsched.core.rows import parse_rows
+from celery_zsched.core.timing import ms_to_dt
 from celery_zsched.services.beat_entries import job_from_entry
 
 BASE: dict[str, Any] = {"id": "job-1", "task": "tests.noop"}
@@ -175,6 +178,29 @@ def test_valid_values_at_the_limits_still_parse() -> None:
     })
     assert Job.from_json(job.to_json()) == job
     assert Job.from_dict({**BASE, "run_at": "1970-01-01T00:00:00Z"}).run_at == 0
+
+
+@pytest.mark.parametrize("cron", ["* * * * *", "0 0 1 1 *"])
+def test_a_start_at_that_leaves_no_run_before_year_10000_ends_the_job(cron: str) -> None:
+    """A start_at late in 9999 validates (it is a time), but the run after it would fall
+    in year 10000, which no datetime, export or page can hold: the job has no run, as
+    past an end_at. croniter raised OverflowError here (found by the fuzz test); an
+    interval job's staggered first run went past year 10000 unchecked."""
+    settings = Settings(redis_url="redis://unused")
+    now, rng = 1_900_000_000_000, random.Random(3)
+    job = Job.from_dict({**BASE, "cron": cron, "start_at": "9999-12-31T23:59:59Z"})
+    assert job.first_due_ms(now, settings, rng) is None
+    assert job.next_regular_ms(now, settings, rng) is None
+    late = Job.from_dict({**BASE, "cron": "0 0 * * *", "start_at": "9999-12-30T12:00:00Z"})
+    due = late.first_due_ms(now, settings, rng)
+    assert due is not None and ms_to_dt(due).isoformat() == "9999-12-31T00:00:00+00:00"
+    assert late.next_regular_ms(due, settings, rng) is None
+    interval = Job.from_dict({**BASE, "interval_s": 3600, "jitter_s": 0,
+                              "start_at": "9999-12-31T23:30:00Z"})
+    start = interval.start_at
+    assert interval.first_due_ms(now, settings, rng) == start
+    assert interval.first_due_ms(now, settings, rng, phase=0.999) is None  # 23:30 + 0.999 h
+    assert interval.next_regular_ms(now, settings, rng) == start
 
 
 # --------------------------------------------------------------- import files

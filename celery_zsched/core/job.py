@@ -15,7 +15,13 @@ from typing import Any
 
 from celery_zsched.core.domains import domain_of
 from celery_zsched.core.errors import ValidationError
-from celery_zsched.core.fields import TIME_FIELDS, TRANSPORTS, id_problem, job_id_for_url
+from celery_zsched.core.fields import (
+    MAX_EPOCH_S,
+    TIME_FIELDS,
+    TRANSPORTS,
+    id_problem,
+    job_id_for_url,
+)
 from celery_zsched.core.policy import Defaults, JobPolicy
 from celery_zsched.core.timing import (
     backoff_s,
@@ -34,6 +40,9 @@ def definition_tag(stored: str | bytes) -> str:
     raw = stored.encode("utf-8") if isinstance(stored, str) else stored
     return hashlib.sha1(raw).hexdigest()
 
+
+#: 10000-01-01T00:00:00Z in ms: no due time reaches it.
+_LAST_MS = MAX_EPOCH_S * 1000
 
 @dataclass(frozen=True)
 class Job:
@@ -196,10 +205,17 @@ class Job:
 
     def _cron_after(self, ms: int) -> int:
         assert self.cron is not None
-        return cron_slot_after(self.cron, self.timezone, ms, self.day_rule)
+        try:
+            return cron_slot_after(self.cron, self.timezone, ms, self.day_rule)
+        except (OverflowError, ValueError):
+            # No slot before year 10000 (a start_at late in 9999): datetime ends
+            # there, and _clamp ends the job.
+            return _LAST_MS
 
     def _clamp(self, due: int) -> int | None:
-        if self.end_at is not None and due > self.end_at:
+        # A run at or after year 10000 could not be shown nor exported: it ends the
+        # job, as if end_at were there.
+        if due >= _LAST_MS or (self.end_at is not None and due > self.end_at):
             return None
         return due
 
