@@ -77,7 +77,7 @@ def publish_batch(app: Any, producer: Any, jobs: Sequence[Claimed],
                 sender.send(claimed, push, more)
             push.push()
         return
-    if channel is not None and any(claimed.deliveries > 1 for claimed in jobs):
+    if channel is not None and any(claimed.republished for claimed in jobs):
         _republished_first(app, producer, RedisPush(channel), jobs, more_headers)
         return
     batch = producer.batch(max_size=max(1, len(jobs))) if hasattr(producer, "batch") else None
@@ -109,7 +109,7 @@ def _republished_first(app: Any, producer: Any, front: RedisPush, jobs: Sequence
     rest_more: list[Mapping[str, str]] = []
     for i, claimed in enumerate(jobs):
         more = more_headers[i] if more_headers is not None else None
-        if claimed.deliveries > 1:
+        if claimed.republished:
             front.capture(functools.partial(_send, app, producer, claimed, more), True)
         else:
             rest.append(claimed)
@@ -284,7 +284,7 @@ class _BatchSender:
                     _send(self.app, self.producer, claimed, more)
                 else:
                     push.capture(lambda: _send(self.app, self.producer, claimed, more),
-                                 claimed.deliveries > 1)
+                                 claimed.republished)
                 return
             if self.cacheable:  # routes that ignore the arguments
                 self.routes[key] = route
@@ -302,10 +302,8 @@ class _BatchSender:
         # A relative expiry is an absolute time per message: no template.
         template_key = (key, tuple(message.headers)) if self.cacheable and route.expires is None \
             else None
-        # A republished occurrence (recovered from a dead process or a lost message)
-        # goes to the front of its list (celery_zsched.beat.envelope).
         push.send(template_key, message, lambda: self._publish(route, name, message, False),
-                  claimed.deliveries > 1)
+                  claimed.republished)
 
     def _publish(self, route: _Route, name: str, message: Message, on_call: bool = True) -> None:
         """``send_task``'s message creation and publish, for one message."""

@@ -63,6 +63,7 @@ _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 # 10000-01-01T00:00:00Z: later times cannot be shown as ISO 8601 (export, show).
 MAX_EPOCH_S = 253_402_300_800
+MAX_EPOCH_MS = MAX_EPOCH_S * 1000
 
 
 # Limits that keep every accepted job storable everywhere it goes: Redis, a
@@ -262,7 +263,7 @@ def time_field(values: Mapping[str, Any], name: str, tz: ZoneInfo) -> int | None
         raise ValidationError(name, raw, _TIME_RANGE) from exc
     # The same range as epoch seconds: before 1970 a due time is negative, which
     # exports and the Django admin do not expect.
-    if not 0 <= ms < MAX_EPOCH_S * 1000:
+    if not 0 <= ms < MAX_EPOCH_MS:
         raise ValidationError(name, raw, _TIME_RANGE)
     return ms
 

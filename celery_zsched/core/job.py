@@ -16,7 +16,7 @@ from typing import Any
 from celery_zsched.core.domains import domain_of
 from celery_zsched.core.errors import ValidationError
 from celery_zsched.core.fields import (
-    MAX_EPOCH_S,
+    MAX_EPOCH_MS,
     TIME_FIELDS,
     TRANSPORTS,
     id_problem,
@@ -40,9 +40,6 @@ def definition_tag(stored: str | bytes) -> str:
     raw = stored.encode("utf-8") if isinstance(stored, str) else stored
     return hashlib.sha1(raw).hexdigest()
 
-
-#: 10000-01-01T00:00:00Z in ms: no due time reaches it.
-_LAST_MS = MAX_EPOCH_S * 1000
 
 @dataclass(frozen=True)
 class Job:
@@ -210,12 +207,12 @@ class Job:
         except (OverflowError, ValueError):
             # No slot before year 10000 (a start_at late in 9999): datetime ends
             # there, and _clamp ends the job.
-            return _LAST_MS
+            return MAX_EPOCH_MS
 
     def _clamp(self, due: int) -> int | None:
         # A run at or after year 10000 could not be shown nor exported: it ends the
         # job, as if end_at were there.
-        if due >= _LAST_MS or (self.end_at is not None and due > self.end_at):
+        if due >= MAX_EPOCH_MS or (self.end_at is not None and due > self.end_at):
             return None
         return due
 

@@ -56,6 +56,13 @@ class Claimed:
     validators: dict[str, str] = field(default_factory=dict)
 
     @property
+    def republished(self) -> bool:
+        """Whether this publish is a second or later one of its occurrence and attempt
+        (recovered from a dead process or a lost message): it goes to the front of
+        its Redis list (:mod:`celery_zsched.beat.envelope`)."""
+        return self.deliveries > 1
+
+    @property
     def task_id(self) -> str:
         """Deterministic task id of this attempt."""
         return task_id_for(self.job.id, self.occurrence, self.attempt)
