@@ -7,6 +7,7 @@ import json
 import math
 import random
 import threading
+import time
 
 import pytest
 
@@ -105,6 +106,79 @@ def test_the_history_is_bounded() -> None:
     assert history.covered_s < 60 / (1 - recrawl.DECAY) + 1e-6
 
 
+def _dated_visits(rate: float, interval: float, count: int, seed: int = 5) -> History:
+    """``count`` visits ``interval`` apart to a Poisson page of ``rate``, each that saw a
+    change dated by its last one (as a ``Last-Modified`` would, to the second)."""
+    rng = random.Random(seed)
+    now, next_change, last_change = 10**12, 10**12 + rng.expovariate(rate) * 1000, None
+    history = History().visit(now, False)
+    for _ in range(count):
+        now += round(interval * 1000)
+        changed = next_change <= now
+        while next_change <= now:
+            last_change = next_change
+            next_change += rng.expovariate(rate) * 1000
+        dated = None if not changed or last_change is None else int(last_change // 1000 * 1000)
+        history = history.visit(now, changed, dated)
+    return history
+
+
+def test_a_dated_history_sees_a_fast_rate_that_change_or_not_cannot() -> None:
+    # A page that changes 100 times an interval changed at every visit: from that
+    # alone Cho's estimate saturates near ln(n + 0.5) / I, while the dates show
+    # how long the page stayed unchanged before each visit.
+    interval, rate = 60.0, 100 / 60.0
+    history = _dated_visits(rate, interval, 200)
+    assert history.changes == pytest.approx(history.visits)
+    undated = recrawl.change_rate(history.visits, history.changes, history.covered_s)
+    assert undated == pytest.approx(math.log(2 * history.visits + 1) / interval)
+    # Dates to the second on changes 0.6 s apart read about 1.1 s a change: coarse,
+    # but an order of magnitude past what change-or-not can tell.
+    dated = history.rate()
+    assert dated is not None and 10 * undated < dated <= rate
+    # A slower page, its dates no coarser than its changes: within a few per cent.
+    slow = _dated_visits(1 / 30, interval, 4000)
+    assert slow.rate() == pytest.approx(1 / 30, rel=0.15)
+
+
+def test_an_undated_change_falls_back_to_chos_estimate_until_it_decays() -> None:
+    history = _dated_visits(1 / 30, 60.0, 100)
+    assert history.rate() == recrawl.dated_rate(history.visits, history.changes,
+                                                history.watched_s or 0.0)
+    last = history.last_visit_ms or 0
+    for undated in (None, last - 1000, last + 61_000 + 1):  # none, before the gap, ahead
+        fallen = history.visit(last + 60_000, True, undated)
+        assert fallen.undated == pytest.approx((history.undated or 0.0) * recrawl.DECAY + 1)
+        assert fallen.rate() == recrawl.change_rate(fallen.visits, fallen.changes,
+                                                    fallen.covered_s)
+    # Fourteen visits on, the undated change weighs under MAX_UNDATED.
+    later = history.visit(last + 60_000, True)
+    for step in range(14):
+        later = later.visit(last + 60_000 * (step + 2), False)
+    assert (later.undated or 0.0) < recrawl.MAX_UNDATED
+    assert later.rate() == recrawl.dated_rate(later.visits, later.changes,
+                                              later.watched_s or 0.0)
+
+
+def test_a_history_from_before_dates_counts_its_changes_undated() -> None:
+    old = History(10.0, 4.0, 6000.0, 10**12, None)
+    assert old.rate() == recrawl.change_rate(10.0, 4.0, 6000.0)
+    after = old.visit(10**12 + 60_000, True, 10**12 + 30_000)
+    assert after.undated == pytest.approx(4.0 * recrawl.DECAY)
+    assert after.watched_s == pytest.approx(6000.0 * recrawl.DECAY + 30)
+    assert after.rate() == recrawl.change_rate(after.visits, after.changes, after.covered_s)
+
+
+def test_last_modified_is_read_as_an_http_date() -> None:
+    assert Visit(last_modified="Wed, 21 Oct 2015 07:28:00 GMT").modified_ms == 1_445_412_480_000
+    assert Visit(last_modified="Wed, 21 Oct 2015 07:28:00").modified_ms == 1_445_412_480_000
+    for odd in ("yesterday", "Wed, 99 Oct 2015 07:28:00 GMT", None):
+        visit = Visit(changed=True, last_modified=odd)
+        assert visit.modified_ms is None and visit.settle_args(None)["modified_ms"] == ""
+    assert Visit(last_modified="Wed, 21 Oct 2015 07:28:00 GMT").settle_args(None)[
+        "modified_ms"] == "1445412480000"
+
+
 def test_a_visit_refuses_validators_that_cannot_go_back_in_a_header() -> None:
     for bad in ({"etag": 'W/"a"\r\nSet-Cookie: x'}, {"etag": "x" * 513},
                 {"last_modified": ""}, {"signature": 5}, {"changed": "yes"}):
@@ -175,6 +249,50 @@ def test_lua_and_python_agree_visit_by_visit(store: Store) -> None:
         expected = choose_interval_s(mirror.rate(), 0.9, LOW, HIGH, FIXED)
         assert state.recrawl_interval_ms == round(expected * 1000)
         assert due == now + state.recrawl_interval_ms
+
+
+def test_lua_and_python_agree_on_dated_changes(store: Store) -> None:
+    """Visits whose changes the page dates (Last-Modified, to the second) within their
+    gap, one that dates it before the gap, and a change reported with no date: the
+    script keeps the watched time and the undated count as the mirror does, and picks
+    the estimate it does."""
+    _job(store)
+    _visit(store, Visit(changed=False))
+    rng = random.Random(11)
+    for step in range(30):
+        gap = rng.uniform(120, 900)
+        changed = step % 3 != 0
+        before = _state(store)
+        last = before.last_visit_ms or 0
+        # The change dated 5-100 s before the visit (a date the settle puts inside
+        # its gap), or, at steps 10 and 20, before the last visit and with none.
+        back_s = rng.uniform(5, 100)
+        date = None
+        if changed and step != 20:
+            date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(
+                store.now_ms() / 1000 - (gap + 60 if step == 10 else back_s)))
+        now, due = _visit(store, Visit(changed=changed, last_modified=date), gap)
+        moved = (_state(store).last_visit_ms or 0)
+        assert moved == now
+        # The mirror, from the state before (its last visit moved back by the gap as
+        # _visit did: read it back from what the script covered).
+        seen_gap = (_state(store).covered_s or 0.0) - (before.covered_s or 0.0) * recrawl.DECAY
+        mirror = recrawl.history_of(before)
+        mirror = History(mirror.visits, mirror.changes, mirror.covered_s,
+                         now - round(seen_gap * 1000), mirror.last_change_ms,
+                         mirror.watched_s, mirror.undated)
+        assert last >= mirror.last_visit_ms  # the helper moved it back, never forward
+        mirror = mirror.visit(now, changed, Visit(last_modified=date).modified_ms)
+        state = _state(store)
+        assert (state.watched_s or 0.0) == pytest.approx(mirror.watched_s or 0.0, rel=1e-9)
+        assert (state.undated or 0.0) == pytest.approx(mirror.undated or 0.0, rel=1e-9, abs=1e-12)
+        expected = choose_interval_s(mirror.rate(), TARGET, LOW, HIGH, FIXED)
+        assert state.recrawl_interval_ms == round(expected * 1000)
+        assert due == now + state.recrawl_interval_ms
+    # The undated changes of steps 10 and 20 still weigh: Cho's estimate is in use.
+    final = recrawl.history_of(_state(store))
+    assert (final.undated or 0.0) >= recrawl.MAX_UNDATED
+    assert final.rate() == recrawl.change_rate(final.visits, final.changes, final.covered_s)
 
 
 def test_lua_bounds_none_changed_then_all_changed(store: Store) -> None:

@@ -90,6 +90,14 @@ class RuntimeState:
         "hx", "of those visits, the ones that saw a change (decayed alike)"))
     covered_s: float | None = field(default=None, metadata=_wire(
         "ht", "seconds those visits covered, each since the visit before it (decayed alike)"))
+    watched_s: float | None = field(default=None, metadata=_wire(
+        "hm", "seconds those visits watched the page unchanged: a visit that saw a "
+              "change the page dated (Last-Modified) counts from that change, any other "
+              "its whole gap (decayed alike)"))
+    undated: float | None = field(default=None, metadata=_wire(
+        "hu", "of the visits that saw a change, the ones the page did not date within "
+              "their gap (decayed alike): while any count, the rate is Cho's estimate "
+              "from change or no change alone"))
     last_visit_ms: int | None = field(default=None, metadata=_wire(
         "hl", "when the last visit that reported a change or not settled (Redis' clock)"))
     last_change_ms: int | None = field(default=None, metadata=_wire(

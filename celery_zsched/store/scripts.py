@@ -218,7 +218,7 @@ SETTLE = ScriptSpec(
     args=("id", "occurrence", "attempt", "outcome", "label", "next_due_ms", "next_occurrence",
           "next_attempt", "error", "signature", "max_runs", "events_maxlen", "event",
           "http_status", "retry_after_ms", "pacing", "fence", "delivery", "clock_ms", "end_ms",
-          "changed", "content_signature", "etag", "last_modified", "recrawl"),
+          "changed", "content_signature", "etag", "last_modified", "recrawl", "modified_ms"),
     reply=_settle_reply)
 REAP = ScriptSpec(
     "reap", ("leases", "queued", "schedule", "state", "dead", "defs", "counters", "workers",

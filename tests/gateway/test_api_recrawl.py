@@ -3,10 +3,13 @@ naming the field, and exported as the job resource."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 
 import pytest
 
+from celery_zsched.core import recrawl
 from tests.gateway.conftest import WRITER, Served, http_job
 
 URL = "https://example.org/feed"
@@ -90,3 +93,34 @@ def test_a_report_with_a_header_injecting_etag_is_400_and_changes_nothing(
     assert res.status_code == 400, res.text
     state = served.store.states(["page"])[0]
     assert state is not None and state.status == "running" and state.etag is None
+
+
+def test_a_gateway_report_whose_last_modified_dates_its_change_feeds_the_dated_estimate(
+        serve: Callable[..., Served]) -> None:
+    served = serve()
+    served.store.upsert(http_job("page", recrawl="adaptive", interval_s=600))
+    with served.client() as client:
+        first = _take(served)
+        res = client.post("/jobs/page/complete", json={"lease": first["lease"],
+                                                       "changed": False})
+        assert res.status_code == 200, res.text
+        served.store.run_now("page")
+        second = _take(served)
+        # The page dates its change 30 s before now (Redis' clock): inside the gap
+        # since the first visit once that visit is moved an hour back.
+        raw = json.loads(served.store.client.hget(served.store.keys.state, "page"))
+        now_s = served.store.now_ms() / 1000
+        raw["hl"] = round((now_s - 3600) * 1000)
+        served.store.client.hset(served.store.keys.state, "page", json.dumps(raw))
+        dated = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now_s - 30))
+        res = client.post("/jobs/page/complete", json={
+            "lease": second["lease"], "changed": True, "last_modified": dated})
+        assert res.status_code == 200, res.text
+    state = served.store.states(["page"])[0]
+    assert state is not None and state.visits == 1 and state.changes == 1
+    # Watched unchanged from the dated change (30-31 s: the date is to the second),
+    # not the hour's gap; no undated change, so the rate is X / W.
+    assert state.covered_s == pytest.approx(3600, abs=5)
+    assert 29 <= (state.watched_s or 0) <= 36 and state.undated == 0
+    rate = recrawl.history_of(state).rate()
+    assert rate == pytest.approx(1 / (state.watched_s or 1))

@@ -52,6 +52,8 @@
 --          allocation, at the domain's multiplier in KEYS[14] when it has one}
 --          ("" = fixed): a regular next run is now + the interval the history
 --          calls for + j
+-- ARGV[26] ARGV[24] as epoch ms ("" = none, or not an HTTP-date): dates the change
+--          a visit saw, for the dated change-rate estimate
 -- Returns {"ok", new status, now, consecutive failures, domain whose breaker this
 -- settle opened ("" = none), next due ms (-1 = none)} | {"stale"} | {"changed"}
 --       | {"deleted", that domain}
@@ -120,9 +122,22 @@ end
 
 -- Cho and Garcia-Molina's change-rate estimate over a decayed history (the
 -- Python mirror, with the reasoning, is celery_zsched.core.recrawl).
-local DECAY = 0.95
-local function visit(changed)
+local DECAY, MAX_UNDATED = 0.95, 0.5
+local function visit(changed, modified)
   if st.hl then
+    -- The time the visit watched the page unchanged: from the change the page
+    -- dated within the gap, else the whole gap (a date outside it says nothing).
+    local watched, undated = math.max(0, now - st.hl) / 1000, 0
+    if changed then
+      if modified and modified > st.hl and modified <= now then
+        watched = (now - modified) / 1000
+      else
+        undated = 1
+      end
+    end
+    -- A history from before dates were kept counts its changes undated.
+    st.hm = (st.hm or st.ht or 0) * DECAY + watched
+    st.hu = (st.hu or st.hx or 0) * DECAY + undated
     st.hv = (st.hv or 0) * DECAY + 1
     st.hx = (st.hx or 0) * DECAY + (changed and 1 or 0)
     st.ht = (st.ht or 0) * DECAY + math.max(0, now - st.hl) / 1000
@@ -146,7 +161,12 @@ local function adaptive_interval(R, mu)
   local n, t = st.hv or 0, st.ht or 0
   if n <= 0 or t <= 0 then return R.f end
   local x = math.min(math.max(st.hx or 0, 0), n)
-  local rate = -math.log((n - x + 0.5) / (n + 0.5)) / (t / n)
+  local rate
+  if st.hm and st.hm > 0 and (st.hu or 0) < MAX_UNDATED then
+    rate = x / st.hm  -- every change seen was dated: the dated estimate
+  else
+    rate = -math.log((n - x + 0.5) / (n + 0.5)) / (t / n)
+  end
   if rate <= 0 then return R.hi end
   local ratio = R.x
   if mu then
@@ -179,10 +199,11 @@ end
 st.ls, st.l, st.w, st.tk = label, now, nil, nil
 
 -- What the visit saw: the task's word, else a signature unlike the last one. A
--- signature with none stored before only sets the baseline. (ARGV 21-25 may be
+-- signature with none stored before only sets the baseline. (ARGV 21-26 may be
 -- left out by an older caller: absent is "".)
 local seen, sig, etag, modified, recrawl =
   ARGV[21] or "", ARGV[22] or "", ARGV[23] or "", ARGV[24] or "", ARGV[25] or ""
+local modified_ms = tonumber(ARGV[26] or "")
 local changed = nil
 if seen == "1" then changed = true elseif seen == "0" then changed = false end
 if sig ~= "" then
@@ -191,7 +212,7 @@ if sig ~= "" then
 end
 if etag ~= "" then st.et = etag end
 if modified ~= "" then st.lm = modified end
-if changed ~= nil then visit(changed) elseif sig ~= "" then st.hl = now end
+if changed ~= nil then visit(changed, modified_ms) elseif sig ~= "" then st.hl = now end
 
 redis.call("XADD", events, "MAXLEN", "~", ARGV[12], "*",
   "id", id, "occ", ARGV[2], "attempt", ARGV[3], "status", label,
