@@ -185,7 +185,7 @@ def expected_fetch_ratio(rates: list[float]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=1000)
-    parser.add_argument("--spans", default="0.01,0.1,0.3,1",
+    parser.add_argument("--spans", default="0.001,0.01,0.1,0.3,1",
                         help="Slowest rates, in changes per fixed interval (comma-separated).")
     parser.add_argument("--warmup", type=float, default=30.0, help="Intervals not measured.")
     parser.add_argument("--measure", type=float, default=20.0, help="Intervals measured.")
