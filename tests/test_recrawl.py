@@ -444,11 +444,13 @@ def test_show_and_the_rest_view_carry_the_rate_interval_and_last_change(store: S
     now = store.now_ms()
     seen = summary(info.job, info.state, now)
     assert seen["recrawl"] == "adaptive" and seen["change_rate_per_day"] > 0
+    assert seen["estimator"] == "change-or-not"  # its changes came without dates
     assert seen["interval_s"] == (info.state.recrawl_interval_ms or 0) / 1000
     assert 0 <= seen["since_last_change_s"] < 60
     view = job_view(store, info, now_ms=now)
     assert view.recrawl is not None and view.recrawl.interval_s == seen["interval_s"]
     assert view.recrawl.change_rate_per_day == pytest.approx(seen["change_rate_per_day"])
+    assert view.recrawl.estimator == "change-or-not"
 
 
 def test_the_next_fires_of_an_adaptive_job_follow_its_chosen_interval(store: Store) -> None:

@@ -117,11 +117,22 @@ class History:
 
     def rate(self) -> float | None:
         """Estimated changes per second, or ``None`` without a visit to go on."""
-        if self.watched_s is not None and (self.undated or 0.0) < MAX_UNDATED:
-            dated = dated_rate(self.visits, self.changes, self.watched_s)
-            if dated is not None:
-                return dated
+        if self.dated:
+            return dated_rate(self.visits, self.changes, self.watched_s or 0.0)
         return change_rate(self.visits, self.changes, self.covered_s)
+
+    @property
+    def dated(self) -> bool:
+        """Whether :meth:`rate` is the dated estimate (every change seen was dated)."""
+        return (self.watched_s is not None and self.watched_s > 0 and self.visits > 0
+                and (self.undated or 0.0) < MAX_UNDATED)
+
+    @property
+    def estimator(self) -> str | None:
+        """Which estimate :meth:`rate` gives: ``dated``, ``change-or-not`` or ``None``."""
+        if self.rate() is None:
+            return None
+        return "dated" if self.dated else "change-or-not"
 
 
 def dated_rate(visits: float, changes: float, watched_s: float) -> float | None:
@@ -300,13 +311,15 @@ def summary(job: Job, state: RuntimeState, now_ms: int) -> dict[str, Any]:
     """What change-aware recrawl knows of a job, for people (``zsched show``, the REST
     API, the admin): its mode, current interval, estimated change rate (per day),
     expected freshness and age at that interval, and the time since a change was seen."""
-    rate = history_of(state).rate()
+    history = history_of(state)
+    rate = history.rate()
     interval = current_interval_s(job, state)
     since = None if state.last_change_ms is None else max(0, now_ms - state.last_change_ms) / 1000
     return {
         "recrawl": job.recrawl, "interval_s": interval,
         "visits": round(state.visits or 0.0, 3),
         "change_rate_per_day": None if rate is None else rate * 86_400,
+        "estimator": history.estimator,
         "expected_freshness": None if rate is None or interval is None
         else freshness(rate, interval),
         "expected_age_s": None if rate is None or interval is None else age_s(rate, interval),

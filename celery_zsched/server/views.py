@@ -44,6 +44,10 @@ class RecrawlView(BaseModel):
     visits: float = Field(description="Visits that reported a change or not (decayed).")
     change_rate_per_day: float | None = Field(
         description="Estimated changes a day (Cho & Garcia-Molina); null: no reports yet.")
+    estimator: str | None = Field(
+        None, description="dated: every change seen was dated by the page's Last-Modified "
+                          "(X / W); change-or-not: Cho's estimator from changed or not "
+                          "alone; null: no reports yet.")
     expected_freshness: float | None = Field(
         description="Expected share of time the copy is fresh, at that rate and interval.")
     expected_age_s: float | None = Field(description="Expected age of the copy (Cho).")

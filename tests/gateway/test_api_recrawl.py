@@ -124,3 +124,7 @@ def test_a_gateway_report_whose_last_modified_dates_its_change_feeds_the_dated_e
     assert 29 <= (state.watched_s or 0) <= 36 and state.undated == 0
     rate = recrawl.history_of(state).rate()
     assert rate == pytest.approx(1 / (state.watched_s or 1))
+    with served.client(WRITER) as client:
+        shown = client.get("/v1/jobs/page").json()["recrawl"]
+    assert shown["estimator"] == "dated"
+    assert shown["change_rate_per_day"] == pytest.approx(rate * 86_400, rel=1e-3)

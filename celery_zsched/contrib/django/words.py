@@ -70,8 +70,9 @@ def recrawl_words(summary: Mapping[str, Any]) -> str:
     if rate is None:
         parts.append("no change reports yet (keeps its interval)")
     else:
+        dated = ", dated by Last-Modified" if summary.get("estimator") == "dated" else ""
         parts.append(f"changes about {rate:.3g} times a day "
-                     f"(from {summary['visits']:.1f} recent visits)")
+                     f"(from {summary['visits']:.1f} recent visits{dated})")
         parts.append(f"expected freshness {summary['expected_freshness']:.0%}")
     since = summary["since_last_change_s"]
     parts.append("no change seen yet" if since is None
