@@ -17,9 +17,9 @@ exceeds ``1 / (1 - DECAY)`` visits) and a page whose rate changes is followed
 within a few dozen visits.
 
 A visit only tells "changed" or "not", so a page that changed at every visit
-may change far faster than visits can tell: the estimate saturates near
-``ln(n + 0.5) / I``, and a page changing a hundred times an interval looks like
-one changing three times. When the page dates its last change (``Last-Modified``
+may change far faster than visits can tell: the estimate saturates at
+``ln(2n + 1) / I``, so at 20 visits a page changing a hundred times an interval
+looks like one changing four times. When the page dates its last change (``Last-Modified``
 within the visit's gap), the visit tells more: the page stayed unchanged from
 that change to the visit. Summing, over the visits, the time each watched the
 page unchanged (from the dated change if it saw one, else its whole gap) into
