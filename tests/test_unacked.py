@@ -308,7 +308,7 @@ def test_an_original_that_shows_up_after_its_republish_marks_no_line(
     all (a slow worker, kombu's restore): that message was pushed at the first publish,
     before the promotion time the state now holds, so its start marks nothing and the
     message published between the two is not taken for lost."""
-    store = make_store(lease_s=0.3)
+    store = make_store()
     first = _publish(broker_app, store, [_job("first")])[0]
     time.sleep(0.05)
     between = _publish(broker_app, store, [_job("between")])[0]
