@@ -127,7 +127,8 @@ local function visit(changed, modified)
   if st.hl then
     -- The time the visit watched the page unchanged: from the change the page
     -- dated within the gap, else the whole gap (a date outside it says nothing).
-    local watched, undated = math.max(0, now - st.hl) / 1000, 0
+    local gap = math.max(0, now - st.hl) / 1000
+    local watched, undated = gap, 0
     if changed then
       if modified and modified > st.hl and modified <= now then
         watched = (now - modified) / 1000
@@ -140,7 +141,7 @@ local function visit(changed, modified)
     st.hu = (st.hu or st.hx or 0) * DECAY + undated
     st.hv = (st.hv or 0) * DECAY + 1
     st.hx = (st.hx or 0) * DECAY + (changed and 1 or 0)
-    st.ht = (st.ht or 0) * DECAY + math.max(0, now - st.hl) / 1000
+    st.ht = (st.ht or 0) * DECAY + gap
     if changed then st.hc = now end
   end
   st.hl = now
