@@ -21,7 +21,17 @@ Two variants run the same N executions of the same noop task, interleaved
   hooks), runs them: claim -> publish -> start -> noop task -> settle. An
   execution is done when it is settled.
 
-Both workers run one app (this file: ``celery -A cycle:app``) with the same
+* **floor** (``--floor``): the least any design can cost that keeps DESIGN's
+  two compare-and-sets per execution (a start before the body, a settle after
+  it). Plain Celery's publisher and worker, whose pool children make exactly
+  those two store round trips and nothing else: a Lua script that does nothing
+  (``return 1``) before the body, waited for, and the same script when the body
+  is done, sent without waiting and its reply read at the next start, as
+  zsched's settle is (:mod:`celery_zsched.store.lane`). No hold, no state, no
+  JSON. A real start and settle can only cost more, so ``floor / plain`` bounds
+  from below what ``zsched / plain`` can reach.
+
+The workers run one app (this file: ``celery -A cycle:app``) with the same
 settings; only the zsched variant imports the hooks. The task is the same in
 both: it INCRs a counter in a Redis of its own (the *marker*, neither store nor
 broker), so the task costs the same in both variants and completion is seen the
@@ -95,7 +105,7 @@ from bench import (
 PREFIX = "{cycle}:"
 TASK = "cycle.noop"
 WEEK_S = 7 * 86400.0  # each job fires once per round
-VARIANTS = ("plain", "zsched")
+VARIANTS = ("plain", "zsched", "floor")
 #: Messages per ``producer.batch()`` flush of the plain publisher (zsched_batch_size's default).
 PUBLISH_BATCH = 1000
 POLL_S = 0.005
@@ -108,6 +118,9 @@ ENV_VARIANT = "CYCLE_BENCH_VARIANT"
 ENV_BROKER = "CYCLE_BENCH_BROKER_URL"
 ENV_MARKER = "CYCLE_BENCH_MARKER_URL"
 ENV_QUEUE = "CYCLE_BENCH_QUEUE"
+ENV_FLOOR_STORE = "CYCLE_BENCH_FLOOR_STORE_URL"
+#: The floor's start and settle: a Lua script that does nothing.
+FLOOR_SCRIPT = "return 1"
 
 
 # ------------------------------------------------------------------ the app
@@ -123,6 +136,8 @@ def build_app(variant: str, broker_url: str, marker_url: str, queue: str) -> Any
         import celery_zsched.worker  # noqa: F401  (installs the start and settle hooks)
 
     app = Celery("zsched_cycle_bench", broker=broker_url)
+    if variant == "floor":
+        install_floor(os.environ[ENV_FLOOR_STORE])
     app.conf.update(FLEET_APP_CONF, task_default_queue=queue)
     clients: list[redis.Redis] = []
 
@@ -145,6 +160,53 @@ def build_app(variant: str, broker_url: str, marker_url: str, queue: str) -> Any
     signals.before_task_publish.connect(first_publish, weak=False)
     signals.worker_ready.connect(ready, weak=False)
     return app
+
+
+class FloorLane:
+    """The floor's two round trips per execution, on one connection per process.
+
+    ``start`` sends the script and reads every reply still unread (the last
+    settle's, then its own): one round trip waited for. ``settle`` sends it and
+    leaves the reply for the next start, as zsched's lane does.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: redis.Connection | None = None
+        self.sha = ""
+        self.unread = 0
+        self.pid = 0
+
+    def _connection(self) -> redis.Connection:
+        if self.conn is None or self.pid != os.getpid():  # a forked child opens its own
+            kwargs = redis.connection.parse_url(self.url)
+            self.conn = redis.Connection(**kwargs)
+            self.conn.connect()
+            self.conn.send_command("SCRIPT", "LOAD", FLOOR_SCRIPT)
+            self.sha = str(self.conn.read_response(), "ascii")
+            self.unread, self.pid = 0, os.getpid()
+        return self.conn
+
+    def start(self) -> None:
+        conn = self._connection()
+        conn.send_command("EVALSHA", self.sha, 0)
+        for _ in range(self.unread + 1):
+            conn.read_response()
+        self.unread = 0
+
+    def settle(self) -> None:
+        self._connection().send_command("EVALSHA", self.sha, 0)
+        self.unread += 1
+
+
+def install_floor(store_url: str) -> None:
+    """Connect the floor's start (``task_prerun``, before the body, in the pool
+    child) and settle (``task_success``, after it) to Celery's signals."""
+    from celery import signals
+
+    lane = FloorLane(store_url)
+    signals.task_prerun.connect(lambda **_: lane.start(), weak=False)
+    signals.task_success.connect(lambda **_: lane.settle(), weak=False)
 
 
 def _app_from_env() -> Any:
@@ -212,6 +274,8 @@ class Ctx:
     def fleet(self, variant: str, rnd: int) -> CeleryFleet:
         env = {ENV_VARIANT: variant, ENV_BROKER: self.broker_url,
                ENV_MARKER: self.marker.url(), ENV_QUEUE: self.queue}
+        if variant == "floor":
+            env[ENV_FLOOR_STORE] = self.store.url()
         if variant == "zsched":
             env.update(ZSCHED_REDIS_URL=self.store.url(), ZSCHED_KEY_PREFIX=PREFIX)
         return CeleryFleet("cycle:app", self.logdir, f"{variant}{rnd}", env,
@@ -251,6 +315,14 @@ class Ctx:
                 time.sleep(POLL_S)
         return time.time(), polls
 
+    def wait_store_calls(self, before: Any, calls: int) -> None:
+        """Poll until the store has run ``calls`` EVALSHA since ``before``."""
+        deadline = time.monotonic() + self.args.timeout_s
+        while command_delta(before, command_calls(self.zstore.client))["evalsha"] < calls:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the store did not see {calls:,} script calls")
+            time.sleep(POLL_S)
+
     def result(self, variant: str, rnd: int, n: int, before: dict[str, Any],
                after: dict[str, Any], end: float, polls: int) -> dict[str, Any]:
         """One round's numbers, from the samples around it."""
@@ -275,10 +347,14 @@ class Ctx:
         return out
 
 
-def plain_round(ctx: Ctx, rnd: int, n: int) -> dict[str, Any]:
-    """A prefork worker; a publisher process sends N messages; wait for N executions."""
+def plain_round(ctx: Ctx, rnd: int, n: int, variant: str = "plain") -> dict[str, Any]:
+    """A prefork worker; a publisher process sends N messages; wait for N executions.
+
+    ``variant="floor"``: the worker's children make the floor's two store round
+    trips per execution, and the store's CPU and commands are counted."""
+    floor = variant == "floor"
     ctx.reset()
-    fleet = ctx.fleet("plain", rnd)
+    fleet = ctx.fleet(variant, rnd)
     publisher: Child | None = None
     try:
         fleet.start_worker("cycle", ctx.args.concurrency)
@@ -289,12 +365,14 @@ def plain_round(ctx: Ctx, rnd: int, n: int) -> dict[str, Any]:
                           ready, go)
         if not ready.wait(120):
             raise TimeoutError("the plain publisher did not get ready within 120 s")
-        before = ctx.sample(fleet, store=False)
+        before = ctx.sample(fleet, store=floor)
         go.set()
         end, polls = ctx.wait_done(n, fleet, settled=False)
-        after = ctx.sample(fleet, store=False)
+        if floor:  # the last settle was sent after its task's body counted it done
+            ctx.wait_store_calls(before["store_cmds"], 2 * n)
+        after = ctx.sample(fleet, store=floor)
         published = publisher.result(60)
-        out = ctx.result("plain", rnd, n, before, after, end, polls)
+        out = ctx.result(variant, rnd, n, before, after, end, polls)
     finally:
         if publisher is not None:
             publisher.stop()
@@ -390,7 +468,7 @@ def _f(value: float | None, fmt: str) -> str:
 
 
 def _counted(r: dict[str, Any]) -> str:
-    if r["variant"] == "plain":
+    if r["variant"] != "zsched":
         return f"{r['ran']:,} ran"
     c = r["counters"]
     return (f"{r['ran']:,} ran, {c.get('complete', 0):,} settled, "
@@ -425,14 +503,17 @@ def _ratio(mine: float | None, base: float | None) -> str:
 
 
 def render_summary(summary: dict[str, dict[str, dict[str, float | None]]]) -> str:
-    lines = ["| metric | plain min | plain median | zsched min | zsched median "
-             "| zsched/plain (medians) | zsched/plain (mins) |",
-             "|---|---|---|---|---|---|---|"]
+    """Each variant's min and median, and its ratio to plain (the floor's only when it ran)."""
+    first = next(iter(summary.values()))
+    shown = [v for v in VARIANTS if first[v]["median"] is not None or v != "floor"]
+    head = ["metric", *(f"{v} {stat}" for v in shown for stat in ("min", "median")),
+            *(f"{v}/plain ({stat})" for v in shown[1:] for stat in ("medians", "mins"))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in METRICS:
-        plain, zsched = summary[m.label]["plain"], summary[m.label]["zsched"]
-        cells = [m.label, _f(plain["min"], m.fmt), _f(plain["median"], m.fmt),
-                 _f(zsched["min"], m.fmt), _f(zsched["median"], m.fmt),
-                 _ratio(zsched["median"], plain["median"]), _ratio(zsched["min"], plain["min"])]
+        got = summary[m.label]
+        cells = [m.label, *(_f(got[v][stat], m.fmt) for v in shown for stat in ("min", "median")),
+                 *(_ratio(got[v][stat], got["plain"][stat]) for v in shown[1:]
+                   for stat in ("median", "min"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -459,6 +540,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest a round may wait for its executions (default 300)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: N = 500, 1 round (options given explicitly still win)")
+    p.add_argument("--floor", action="store_true",
+                   help="also run the floor: plain Celery plus two empty store round trips "
+                        "per execution (the least a start and a settle can cost)")
     p.add_argument("--json", help="also write raw results to this file")
     args = p.parse_args(argv)
     if args.jobs is None:
@@ -487,8 +571,12 @@ def run(args: argparse.Namespace, log: Callable[[str], None], logdir: str
         log(f"store redis :{store.port}, marker redis :{marker.port}, broker "
             f"{f'redis :{broker.port}' if broker else broker_url}; logs in {logdir}")
         rounds = []
+        variants: list[tuple[str, Callable[[Ctx, int, int], dict[str, Any]]]] = [
+            ("plain", plain_round), ("zsched", zsched_round)]
+        if args.floor:
+            variants.append(("floor", lambda c, r, n: plain_round(c, r, n, "floor")))
         for rnd in range(1, args.rounds + 1):
-            for variant, fn in (("plain", plain_round), ("zsched", zsched_round)):
+            for variant, fn in variants:
                 res = fn(ctx, rnd, args.jobs)
                 log(f"round {rnd} {variant}: {res['wall_s']:.2f} s, {res['rate']:,.0f}/s, "
                     f"worker {res['worker_cpu_s'] / args.jobs * 1000:.3f} ms/execution; "
