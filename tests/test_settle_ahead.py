@@ -56,8 +56,8 @@ def _in_use(store: Store) -> int:
 def test_a_settle_sent_ahead_is_applied_before_its_reply_is_read(store: Store) -> None:
     results: list[SettleResult | None] = []
     jobs = ["a1", "a2", "a3"]
-    for job_id in jobs:
-        occurrence, fence, known = _started(store, job_id)
+    started = {job_id: _started(store, job_id) for job_id in jobs}
+    for job_id, (occurrence, fence, known) in started.items():
         store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
                           event={"duration_ms": 3}, fence=fence)
     assert results == []  # nothing read yet ...
@@ -101,8 +101,8 @@ def test_a_definition_edited_meanwhile_hands_over_none_and_changes_nothing(store
 
 def test_replies_lost_with_the_connection_are_handed_over_as_none(store: Store) -> None:
     results: list[Any] = []
-    for job_id in ("l1", "l2"):
-        occurrence, fence, known = _started(store, job_id)
+    started = {job_id: _started(store, job_id) for job_id in ("l1", "l2")}
+    for job_id, (occurrence, fence, known) in started.items():
         store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
                           fence=fence)
     assert store.lane is not None and store.lane.pending == 2
@@ -123,6 +123,38 @@ def test_a_server_that_never_ran_settle_hands_over_none_and_changes_nothing(
     store.collect()
     assert results == [None] and _status(store, "n") == "running"
     assert store.settle("n", occurrence, 1, "complete", fence=fence).applied  # loads it
+
+
+def test_a_start_goes_behind_the_settles_sent_ahead_and_one_read_takes_every_reply(
+        store: Store) -> None:
+    """A worker's next start, with settles on the lane, is sent on the lane too: it
+    needs no connection of its own, and its read hands the settles their replies."""
+    occurrence, fence, known = _started(store, "s1")
+    store.upsert(Job.from_dict({"id": "s2", "task": "tests.noop", "interval_s": 60,
+                                "jitter_s": 0}))
+    claimed = next(c for c in store.claim().jobs if c.job.id == "s2")
+    store.routed([(claimed, "")])
+    results: list[SettleResult | None] = []
+    store.settle_soon("s1", occurrence, 1, "complete", results.append, known=known,
+                      fence=fence)
+    assert store.lane is not None and store.lane.pending == 1 and _in_use(store) == 1
+    start = store.start("s2", claimed.occurrence, 1, delivery=claimed.deliveries,
+                        task="tests.noop")
+    assert start.status == "ok" and _status(store, "s2") == "running"
+    assert [(r.applied, r.status) for r in results if r] == [(True, "scheduled")]
+    assert store.lane.pending == 0 and _in_use(store) == 0
+    # A server that lost its scripts: the lane's start gets no reply, and the usual
+    # way loads the script and starts it.
+    store.settle_soon("s2", claimed.occurrence, 1, "complete", results.append,
+                      known=(start.definition or "", start.now_ms or 0), fence=start.fence)
+    store.upsert(Job.from_dict({"id": "s3", "task": "tests.noop", "interval_s": 60,
+                                "jitter_s": 0}))
+    third = next(c for c in store.claim().jobs if c.job.id == "s3")
+    store.routed([(third, "")])
+    store.client.script_flush()
+    assert store.start("s3", third.occurrence, 1, delivery=third.deliveries,
+                       task="tests.noop").status == "ok"
+    assert _status(store, "s3") == "running" and store.lane.pending == 0
 
 
 def test_a_worker_process_settles_a_completed_task_ahead_and_logs_it_when_read(

@@ -6,6 +6,7 @@ definitions) and :mod:`celery_zsched.core.fields` (single fields).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -39,6 +40,12 @@ def definition_tag(stored: str | bytes) -> str:
     compare-and-set edit expects (:meth:`Store.upsert`) and the REST API's ETag."""
     raw = stored.encode("utf-8") if isinstance(stored, str) else stored
     return hashlib.sha1(raw).hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(spec: str) -> str:
+    # Cached: a worker settles job after job, most of them on a handful of intervals.
+    return hashlib.sha1(spec.encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,7 @@ class Job:
             # Appended only when not the default, so the signature of every job
             # stored before day_rule existed stays the same (no mass reschedule).
             spec += f"|{self.day_rule}"
-        return hashlib.sha1(spec.encode()).hexdigest()[:10]
+        return _signature(spec)
 
     def effective_jitter_s(self, settings: JobPolicy) -> float:
         """The job's own jitter, else the global default."""
