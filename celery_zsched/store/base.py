@@ -20,7 +20,7 @@ from celery_zsched.store import scripts
 from celery_zsched.store.connection import is_cluster, redis_client
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys, partition_of
-from celery_zsched.store.lane import Lane
+from celery_zsched.store.lane import Lane, send_evalsha
 from celery_zsched.store.placement import Layout
 from celery_zsched.store.scripts import ScriptSpec
 
@@ -317,7 +317,7 @@ class StoreBase:
         argv = spec.argv(args, rows)
         conn = pooled_connection(pool)
         try:
-            conn.send_command("EVALSHA", script.sha, len(names), *names, *argv)
+            send_evalsha(conn, script.sha, names, argv)
             try:
                 reply = conn.read_response()
             except NoScriptError:  # a fresh or restarted server: load it, as Script does

@@ -11,6 +11,7 @@ that the two agree) and is loaded with the shared ``_prelude.lua`` in front.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,13 @@ def _as_is(reply: Any) -> Any:
     return reply
 
 
+@functools.lru_cache(maxsize=256)
+def _key_names(names: tuple[str, ...], keys: Keys) -> tuple[str, ...]:
+    # Cached: Keys builds each name on every read, and a worker asks for the same
+    # script's keys in the same partition once or twice an execution.
+    return tuple(getattr(keys, name) for name in names)
+
+
 @dataclass(frozen=True)
 class ScriptSpec(Generic[R]):
     """One Lua script's contract: KEYS by name, ARGV by name, and its reply type."""
@@ -51,7 +59,11 @@ class ScriptSpec(Generic[R]):
 
     def key_names(self, keys: Keys) -> list[str]:
         """The KEYS of this script in the store with ``keys``."""
-        return [getattr(keys, name) for name in self.keys]
+        return list(_key_names(self.keys, keys))
+
+    @functools.cached_property
+    def _arg_set(self) -> frozenset[str]:
+        return frozenset(self.args)
 
     def argv(self, values: Mapping[str, Any], rows: Iterable[Sequence[Any]] = ()) -> list[Any]:
         """ARGV from named ``values`` plus ``rows`` of the repeated group.
@@ -59,7 +71,7 @@ class ScriptSpec(Generic[R]):
         Raises ``TypeError`` for a missing or unknown name, or a row of the wrong
         size: a caller and a script can never disagree silently.
         """
-        if set(values) != set(self.args):
+        if values.keys() != self._arg_set:
             missing, extra = set(self.args) - set(values), set(values) - set(self.args)
             raise TypeError(f"{self.name}.lua: missing {sorted(missing)}, unknown {sorted(extra)}")
         out = [values[name] for name in self.args]
