@@ -9,6 +9,8 @@ reply in the pool.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 import uuid
 from types import SimpleNamespace
@@ -68,11 +70,12 @@ def test_a_settle_sent_ahead_is_applied_before_its_reply_is_read(store: Store) -
         time.sleep(0.01)
     assert [_status(store, job_id) for job_id in jobs] == ["scheduled"] * 3
     assert results == []
-    assert _in_use(store) == 1  # the lane keeps its connection while replies are unread
+    assert _in_use(store) == 1  # the lane's connection, with the replies unread on it
     assert store.collect() == 3
     assert [(r.applied, r.status, r.job.id if r.job else None) for r in results if r] == [
         (True, "scheduled", job_id) for job_id in jobs]
-    assert _in_use(store) == 0 and store.collect() == 0
+    # The lane keeps its one connection for the process's next call: none other.
+    assert _in_use(store) == 1 and store.collect() == 0
 
 
 def test_a_settle_sent_ahead_by_a_lapsed_holder_changes_nothing(store: Store) -> None:
@@ -127,8 +130,8 @@ def test_a_server_that_never_ran_settle_hands_over_none_and_changes_nothing(
 
 def test_a_start_goes_behind_the_settles_sent_ahead_and_one_read_takes_every_reply(
         store: Store) -> None:
-    """A worker's next start, with settles on the lane, is sent on the lane too: it
-    needs no connection of its own, and its read hands the settles their replies."""
+    """A worker's next start is sent on the lane too, behind the settles sent ahead:
+    it needs no connection of its own, and its read hands the settles their replies."""
     occurrence, fence, known = _started(store, "s1")
     store.upsert(Job.from_dict({"id": "s2", "task": "tests.noop", "interval_s": 60,
                                 "jitter_s": 0}))
@@ -142,7 +145,7 @@ def test_a_start_goes_behind_the_settles_sent_ahead_and_one_read_takes_every_rep
                         task="tests.noop")
     assert start.status == "ok" and _status(store, "s2") == "running"
     assert [(r.applied, r.status) for r in results if r] == [(True, "scheduled")]
-    assert store.lane.pending == 0 and _in_use(store) == 0
+    assert store.lane.pending == 0 and _in_use(store) == 1  # the lane's own, no other
     # A server that lost its scripts: the lane's start gets no reply, and the usual
     # way loads the script and starts it.
     store.settle_soon("s2", claimed.occurrence, 1, "complete", results.append,
@@ -155,6 +158,45 @@ def test_a_start_goes_behind_the_settles_sent_ahead_and_one_read_takes_every_rep
     assert store.start("s3", third.occurrence, 1, delivery=third.deliveries,
                        task="tests.noop").status == "ok"
     assert _status(store, "s3") == "running" and store.lane.pending == 0
+
+
+def test_no_other_thread_takes_a_starts_reply(store: Store) -> None:
+    """A start on the lane reads its own reply under the lane's lock: a collector
+    thread reading the lane meanwhile hands over the settles' replies, never the
+    start's, so the start never goes out twice (which would drop its delivery)."""
+    started = {job_id: _started(store, job_id) for job_id in ("t1", "t2")}
+    pending = []
+    for i in range(40):
+        job_id = f"u{i}"
+        store.upsert(Job.from_dict({"id": job_id, "task": "tests.noop", "interval_s": 60,
+                                    "jitter_s": 0}))
+    for claimed in store.claim().jobs:
+        if claimed.job.id.startswith("u"):
+            store.routed([(claimed, "")])
+            pending.append(claimed)
+    results: list[SettleResult | None] = []
+    for job_id, (occurrence, fence, known) in started.items():
+        store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
+                          fence=fence)
+    stop = threading.Event()
+
+    def collector() -> None:
+        while not stop.is_set():
+            store.collect()
+    thread = threading.Thread(target=collector)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns as often as the GIL lets them
+    thread.start()
+    try:
+        statuses = [store.start(c.job.id, c.occurrence, 1, delivery=c.deliveries,
+                                task="tests.noop").status for c in pending]
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    assert statuses == ["ok"] * len(pending)
+    assert int(store.client.hget(store.keys.counters, "duplicates") or 0) == 0
+    assert [(r.applied, r.status) for r in results if r] == [(True, "scheduled")] * 2
 
 
 def test_a_worker_process_settles_a_completed_task_ahead_and_logs_it_when_read(

@@ -178,17 +178,16 @@ class HotPath(Settles):
             spec = scripts.START
             return spec.reply(call_replicated(self.client, self._scripts[spec.name],
                                               spec.key_names(keys), spec.argv(args)))
-        if self.lane is not None and self.lane.pending:
-            # The last task's settle is on the lane: the start goes behind it on the
-            # same connection, and one read takes both replies.
-            got: list[Any] = []
+        if self.lane is not None:
+            # On the lane, behind the last task's settle sent ahead: one read takes
+            # both replies, and no connection is checked out of the pool.
+            spec = scripts.START
             with redis_unavailable():
-                self.lane.send(self._scripts[scripts.START.name],
-                               scripts.START.key_names(keys), scripts.START.argv(args),
-                               got.append)
-            self.collect()
-            if got and got[0] is not None:
-                return scripts.START.reply(got[0])
+                reply, earlier = self.lane.call(self._scripts[spec.name], spec.key_names(keys),
+                                                spec.argv(args))
+            self.hand_over(earlier)
+            if reply is not None:
+                return spec.reply(reply)
             # No reply (a server that lost the script, a broken connection): the
             # usual way, which loads the script. Sent again, a start that did apply
             # finds its occurrence running and drops this delivery: never two runs.

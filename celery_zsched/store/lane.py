@@ -10,9 +10,9 @@ main process sends the holds of the messages it receives, a few to a call, and
 reads a message's reply when it accepts it, before acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
-process, checked out of the client's pool while replies are unread and given
-back once they are all read: no other caller ever gets a connection with a
-reply left on it.
+process, checked out of the client's pool for as long as the process uses the
+lane (given back closed only when it breaks): no other caller ever gets a
+connection with a reply left on it, and the hot path never checks one out.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ def send_evalsha(conn: Any, sha: str, keys: Sequence[str], args: Sequence[Any], 
 #: What a sent call's reply is handed to: the raw reply, or ``None`` when there
 #: is none (the connection broke, Redis answered an error): the caller decides.
 OnReply = Callable[[Any], None]
+
+
+def _mine(reply: Any) -> None:
+    """The receiver :meth:`Lane.call` marks its own reply with (never called)."""
+
+
+_MINE: OnReply = _mine
 
 
 class Lane:
@@ -83,34 +90,56 @@ class Lane:
                 raise
             self._pending.append(on_reply)
 
+    def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]
+             ) -> tuple[Any, list[tuple[OnReply, Any]]]:
+        """Send ``script`` now and read every reply up to its own: its reply (``None``:
+        none could be had), and the earlier replies with their receivers, for the
+        caller to hand over. Read under the lock, so no other thread's
+        :meth:`collect` can take this call's reply. Raises as :meth:`send` does."""
+        with self._lock:
+            self._forget_after_fork()
+            if self._conn is None:
+                self._conn = self._get(self._pool)
+            try:
+                send_evalsha(self._conn, script.sha, keys, args, check_health=not self._pending)
+            except BaseException:
+                self._drop()
+                raise
+            self._pending.append(_MINE)
+            replies = self._read()
+        mine = next(reply for on_reply, reply in replies if on_reply is _MINE)
+        return mine, [(on_reply, reply) for on_reply, reply in replies if on_reply is not _MINE]
+
     def collect(self) -> list[tuple[OnReply, Any]]:
         """Read every unread reply; returns each with its receiver, in the order sent,
         for the caller to hand over (outside this lane's lock)."""
-        out: list[tuple[OnReply, Any]] = []
         with self._lock:
             self._forget_after_fork()
-            if self._conn is None:  # a send broke the connection: the earlier replies with it
-                out.extend((on_reply, None) for on_reply in self._pending)
+            return self._read()
+
+    def _read(self) -> list[tuple[OnReply, Any]]:
+        # Under the lock. The connection stays checked out once its replies are read:
+        # the process's next call needs it, and nobody else gets it with a reply left.
+        out: list[tuple[OnReply, Any]] = []
+        if self._conn is None:  # a send broke the connection: the earlier replies with it
+            out.extend((on_reply, None) for on_reply in self._pending)
+            self._pending.clear()
+        while self._pending:
+            on_reply = self._pending.popleft()
+            try:
+                reply = self._conn.read_response()
+            except ResponseError:
+                # An error reply (a script a fresh server does not know): the
+                # stream is intact; the caller makes this call the usual way.
+                reply = None
+            except Exception:
+                # The rest are lost with the connection: each caller decides.
+                out.append((on_reply, None))
+                out.extend((rest, None) for rest in self._pending)
                 self._pending.clear()
-            while self._pending:
-                on_reply = self._pending.popleft()
-                try:
-                    reply = self._conn.read_response()
-                except ResponseError:
-                    # An error reply (a script a fresh server does not know): the
-                    # stream is intact; the caller makes this call the usual way.
-                    reply = None
-                except Exception:
-                    # The rest are lost with the connection: each caller decides.
-                    out.append((on_reply, None))
-                    out.extend((rest, None) for rest in self._pending)
-                    self._pending.clear()
-                    self._drop()
-                    break
-                out.append((on_reply, reply))
-            if self._conn is not None and not self._pending:
-                self._pool.release(self._conn)
-                self._conn = None
+                self._drop()
+                break
+            out.append((on_reply, reply))
         return out
 
     def _drop(self) -> None:
