@@ -20,23 +20,24 @@ pytestmark = BENCHMARK_MARKS
 N = 500  # --quick
 
 
-def test_the_cycle_benchmark_counts_every_execution_of_both_variants(tmp_path: Path) -> None:
+def test_the_cycle_benchmark_counts_every_execution_of_each_variant(tmp_path: Path) -> None:
     out = tmp_path / "cycle.json"
-    rows = run_benchmark("cycle.py", "--quick", "--json", str(out), timeout=240)
+    rows = run_benchmark("cycle.py", "--quick", "--floor", "--json", str(out), timeout=300)
 
     rounds = [row for row in rows if row[0] == "1"]
-    assert [row[1] for row in rounds] == ["plain", "zsched"], rows
+    assert [row[1] for row in rounds] == ["plain", "zsched", "floor"], rows
     assert rounds[0][-1] == f"{N} ran", rows
     assert rounds[1][-1] == f"{N} ran, {N} settled, 0 duplicates", rows
     summary = {row[0]: row for row in rows if row[0] not in ("1", "round", "metric")}
     for metric in ("executions/s", "worker-tree CPU ms/execution",
                    "total CPU ms/execution (worker + beat + store + broker)",
                    "broker Redis commands/execution"):
-        assert summary[metric][5].endswith("x"), (metric, rows)  # a zsched/plain ratio
+        # zsched/plain and floor/plain ratios
+        assert all(cell.endswith("x") for cell in summary[metric][7:11]), (metric, rows)
     assert summary["store Redis commands/execution (incl. inside Lua)"][1] == "-"  # no store
 
     results = json.loads(out.read_text())
-    plain, zsched = results["rounds"]
+    plain, zsched, floor = results["rounds"]
     assert (plain["variant"], plain["n"], plain["ran"]) == ("plain", N, N)
     assert plain["store_cmds"] is None and plain["counters"] == {}
     assert (zsched["variant"], zsched["n"], zsched["ran"], zsched["created"]) == \
@@ -47,3 +48,9 @@ def test_the_cycle_benchmark_counts_every_execution_of_both_variants(tmp_path: P
     # Every execution went through the store: one start and one settle script each.
     assert zsched["store_cmds"]["evalsha"] >= 2 * N, zsched["store_cmds"]
     assert zsched["broker_cmds"]["lpush"] == plain["broker_cmds"]["lpush"] == N
+    # The floor: plain Celery plus exactly one empty script call before each body and
+    # one after it, on the store, and nothing else there.
+    assert (floor["variant"], floor["n"], floor["ran"]) == ("floor", N, N)
+    setup = {name: calls for name, calls in floor["store_cmds"].items() if name != "evalsha"}
+    assert floor["store_cmds"]["evalsha"] == 2 * N and sum(setup.values()) < 20, setup
+    assert floor["broker_cmds"]["lpush"] == N
