@@ -4,7 +4,8 @@
 Usage::
 
     .venv/bin/python benchmarks/cycle.py [--jobs 5000] [--rounds 3] [--concurrency 2]
-        [--broker amqp://guest:guest@127.0.0.1:5672//] [--quick] [--json out.json]
+        [--broker amqp://guest:guest@127.0.0.1:5672//] [--floor] [--before DIR]
+        [--quick] [--json out.json]
 
 Two variants run the same N executions of the same noop task, interleaved
 (plain, zsched, plain, zsched, ...), each round with fresh processes:
@@ -31,8 +32,12 @@ Two variants run the same N executions of the same noop task, interleaved
   JSON. A real start and settle can only cost more, so ``floor / plain`` bounds
   from below what ``zsched / plain`` can reach.
 
+* **before** (``--before DIR``): zsched again, its beat and worker importing the
+  package from ``DIR`` (a git worktree of an earlier commit): a before/after
+  comparison within one run, on the same box at the same time.
+
 The workers run one app (this file: ``celery -A cycle:app``) with the same
-settings; only the zsched variant imports the hooks. The task is the same in
+settings; only the zsched variants import the hooks. The task is the same in
 both: it INCRs a counter in a Redis of its own (the *marker*, neither store nor
 broker), so the task costs the same in both variants and completion is seen the
 same way without touching the servers being measured. zsched's settle runs
@@ -105,7 +110,7 @@ from bench import (
 PREFIX = "{cycle}:"
 TASK = "cycle.noop"
 WEEK_S = 7 * 86400.0  # each job fires once per round
-VARIANTS = ("plain", "zsched", "floor")
+VARIANTS = ("plain", "zsched", "floor", "before")
 #: Messages per ``producer.batch()`` flush of the plain publisher (zsched_batch_size's default).
 PUBLISH_BATCH = 1000
 POLL_S = 0.005
@@ -132,7 +137,7 @@ def build_app(variant: str, broker_url: str, marker_url: str, queue: str) -> Any
     """
     from celery import Celery, signals
 
-    if variant == "zsched":
+    if variant in ("zsched", "before"):
         import celery_zsched.worker  # noqa: F401  (installs the start and settle hooks)
 
     app = Celery("zsched_cycle_bench", broker=broker_url)
@@ -276,8 +281,10 @@ class Ctx:
                ENV_MARKER: self.marker.url(), ENV_QUEUE: self.queue}
         if variant == "floor":
             env[ENV_FLOOR_STORE] = self.store.url()
-        if variant == "zsched":
+        if variant in ("zsched", "before"):
             env.update(ZSCHED_REDIS_URL=self.store.url(), ZSCHED_KEY_PREFIX=PREFIX)
+        if variant == "before":  # its beat and worker import that checkout's package
+            env["PYTHONPATH"] = os.pathsep.join([self.args.before, str(Path(__file__).parent)])
         return CeleryFleet("cycle:app", self.logdir, f"{variant}{rnd}", env,
                            drop=("CYCLE_BENCH_",))
 
@@ -382,12 +389,12 @@ def plain_round(ctx: Ctx, rnd: int, n: int, variant: str = "plain") -> dict[str,
     return out
 
 
-def zsched_round(ctx: Ctx, rnd: int, n: int) -> dict[str, Any]:
+def zsched_round(ctx: Ctx, rnd: int, n: int, variant: str = "zsched") -> dict[str, Any]:
     """A prefork worker and a beat; N jobs stored due now; wait for N settles."""
     from celery_zsched.core.job import Job
 
     ctx.reset()
-    fleet = ctx.fleet("zsched", rnd)
+    fleet = ctx.fleet(variant, rnd)
     store = ctx.zstore
     try:
         fleet.start_worker("cycle", ctx.args.concurrency)
@@ -408,7 +415,7 @@ def zsched_round(ctx: Ctx, rnd: int, n: int) -> dict[str, Any]:
         fleet.send_signal("beat", signal.SIGCONT)
         end, polls = ctx.wait_done(n, fleet, settled=True)
         after = ctx.sample(fleet, store=True)
-        out = ctx.result("zsched", rnd, n, before, after, end, polls)
+        out = ctx.result(variant, rnd, n, before, after, end, polls)
     finally:
         fleet.stop()
     out["created"] = created
@@ -468,7 +475,7 @@ def _f(value: float | None, fmt: str) -> str:
 
 
 def _counted(r: dict[str, Any]) -> str:
-    if r["variant"] != "zsched":
+    if r["variant"] not in ("zsched", "before"):
         return f"{r['ran']:,} ran"
     c = r["counters"]
     return (f"{r['ran']:,} ran, {c.get('complete', 0):,} settled, "
@@ -505,7 +512,8 @@ def _ratio(mine: float | None, base: float | None) -> str:
 def render_summary(summary: dict[str, dict[str, dict[str, float | None]]]) -> str:
     """Each variant's min and median, and its ratio to plain (the floor's only when it ran)."""
     first = next(iter(summary.values()))
-    shown = [v for v in VARIANTS if first[v]["median"] is not None or v != "floor"]
+    shown = [v for v in VARIANTS
+             if first[v]["median"] is not None or v not in ("floor", "before")]
     head = ["metric", *(f"{v} {stat}" for v in shown for stat in ("min", "median")),
             *(f"{v}/plain ({stat})" for v in shown[1:] for stat in ("medians", "mins"))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -543,6 +551,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--floor", action="store_true",
                    help="also run the floor: plain Celery plus two empty store round trips "
                         "per execution (the least a start and a settle can cost)")
+    p.add_argument("--before", default="",
+                   help="also run zsched from this checkout (a git worktree of an earlier "
+                        "commit), interleaved: a before/after comparison in one run")
     p.add_argument("--json", help="also write raw results to this file")
     args = p.parse_args(argv)
     if args.jobs is None:
@@ -575,6 +586,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None], logdir: str
             ("plain", plain_round), ("zsched", zsched_round)]
         if args.floor:
             variants.append(("floor", lambda c, r, n: plain_round(c, r, n, "floor")))
+        if args.before:
+            variants.append(("before", lambda c, r, n: zsched_round(c, r, n, "before")))
         for rnd in range(1, args.rounds + 1):
             for variant, fn in variants:
                 res = fn(ctx, rnd, args.jobs)

@@ -109,7 +109,9 @@ def on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     It stays only for a task whose class got no ``before_start`` hook (one
     registered after the worker started): that task runs without a start.
     """
-    if task is not None and getattr(task.request, "zsched_start", None) is None \
+    if task is None or getattr(task.before_start, "zsched", False):
+        return  # the start hook runs next and records Redis' time itself
+    if getattr(task.request, "zsched_start", None) is None \
             and occurrence_or_none(task.request) is not None:
         task.request.zsched_started_mono = time.monotonic()
         task.request.zsched_started_ms = time.time() * 1000

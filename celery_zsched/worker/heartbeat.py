@@ -181,6 +181,8 @@ class Heartbeat:
     def unhold(self, job_id: str) -> None:
         """This process started (or dropped) ``job_id``'s message: it holds it no more."""
         with self._lock:
+            if not self._held:  # a pool child holds nothing: its parent does
+                return
             for request, row in list(self._held.items()):
                 if row[0] == job_id:
                     del self._held[request]
