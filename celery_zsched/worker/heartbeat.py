@@ -29,7 +29,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 from celery_zsched.core.errors import StoreUnavailable
@@ -38,12 +37,6 @@ from celery_zsched.store import Held, Store
 logger = logging.getLogger("celery_zsched")
 #: Most holds one :meth:`Heartbeat.hold_now` records in its round trip.
 HOLD_BATCH = 200
-#: Holds recorded on receipt go out this many to a script call. A message of a
-#: prefetch is accepted several receipts after its own, so its batch has long
-#: gone out by then and its reply is back: a quarter of the script calls, and
-#: still no round trip waited for. One accepted before its batch filled sends
-#: the batch then (:meth:`Heartbeat.hold_now`).
-HOLD_SEND_AFTER = 4
 
 
 class Heartbeat:
@@ -64,8 +57,6 @@ class Heartbeat:
         self._recorded: weakref.WeakSet[Any] = weakref.WeakSet()
         #: The requests whose holds were sent and whose replies are unread.
         self._sending: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: The requests whose holds are to be recorded on receipt, not sent yet.
-        self._unsent: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
         self._thread: threading.Thread | None = None
 
     def track(self, job_id: str, occurrence: int, attempt: int,
@@ -89,49 +80,33 @@ class Heartbeat:
 
     def hold(self, request: Any, row: Held, holder: str, *, record: bool = False) -> None:
         """Hold the message of ``request`` (id, occurrence, attempt, delivery, task) for as
-        long as the request object lives, from the next beat on (``record``: from about
-        now, sent with the next :data:`HOLD_SEND_AFTER` received without waiting for the
-        reply, which :meth:`hold_now` reads, or sends first, if it needs it)."""
+        long as the request object lives, from the next beat on (``record``: from now,
+        sent without waiting for the reply, which :meth:`hold_now` reads if it needs it)."""
         with self._lock:
             self._held[request] = row
             self.holder = self.holder or holder
-            batch: list[tuple[Any, Held]] = []
-            if record:
-                self._unsent[request] = row
-                if len(self._unsent) >= HOLD_SEND_AFTER:
-                    batch = self._take_unsent()
         self._ensure_thread()
-        if batch:
-            self._record_soon(batch)
+        if record:
+            self._record_soon(request, row)
 
-    def _take_unsent(self) -> list[tuple[Any, Held]]:
-        """The holds waiting to be sent, now counted as sent (call under the lock)."""
-        batch = list(self._unsent.items())
-        self._unsent.clear()
-        self._sending.update(request for request, _ in batch)
-        return batch
+    def _record_soon(self, request: Any, row: Held) -> None:
+        with self._lock:
+            self._sending.add(request)
 
-    def _record_soon(self, batch: list[tuple[Any, Held]]) -> None:
-        requests = dict(batch)
-
-        def recorded(rows: Sequence[Held], gone: list[str] | None) -> None:
+        def recorded(gone: list[str] | None) -> None:
             with self._lock:
-                for request, row in requests.items():
-                    if row not in rows:
-                        continue  # another partition's rows: their own reply says
-                    self._sending.discard(request)
-                    if gone is None:
-                        continue  # no reply: a beat or hold_now records it
-                    if row[0] in gone:
-                        self._held.pop(request, None)
-                    else:
-                        self._recorded.add(request)
+                self._sending.discard(request)
+                if gone is None:
+                    return  # no reply: a beat or hold_now records it
+                if row[0] in gone:
+                    self._held.pop(request, None)
+                else:
+                    self._recorded.add(request)
         try:
-            self.store.hold_soon([row for _, row in batch], self.worker or self.holder, recorded)
+            self.store.hold_soon(row, self.worker or self.holder, recorded)
         except StoreUnavailable:
             with self._lock:
-                for request, _ in batch:
-                    self._sending.discard(request)  # the next beat tries
+                self._sending.discard(request)  # the next beat tries
 
     def hold_now(self, request: Any, row: Held, holder: str) -> None:
         """:meth:`hold`, and record the hold in Redis now unless a beat has already.
@@ -149,11 +124,8 @@ class Heartbeat:
             self.holder = self.holder or holder
             if request in self._recorded:
                 return
-            unsent = self._take_unsent() if request in self._unsent else []
-            sent = bool(unsent) or request in self._sending
-        if unsent:  # received, its batch not full yet: send the batch now
-            self._record_soon(unsent)
-        if sent:  # its hold went out: the reply is back, or on its way
+            sent = request in self._sending
+        if sent:  # its hold went out on receipt: the reply is all but certainly back
             self.store.collect()
         with self._lock:
             if request in self._recorded:
@@ -172,7 +144,6 @@ class Heartbeat:
             return
         with self._lock:
             for each, held in batch:
-                self._unsent.pop(each, None)
                 if held[0] in gone:
                     self._held.pop(each, None)
                 else:
@@ -186,7 +157,6 @@ class Heartbeat:
             for request, row in list(self._held.items()):
                 if row[0] == job_id:
                     del self._held[request]
-                    self._unsent.pop(request, None)
 
     def held(self) -> list[Held]:
         """The messages this process holds, unstarted."""
@@ -226,8 +196,6 @@ class Heartbeat:
             return
         with self._lock:
             self._recorded.update(request for request, _ in holds)
-            for request, _ in holds:
-                self._unsent.pop(request, None)
         by_id = {row[0]: row for row in running}
         for job_id in gone:
             self.untrack(job_id, by_id[job_id][1], by_id[job_id][2])
