@@ -6,8 +6,8 @@ as a waited-for call; only reading its reply waits, until the process's next
 start (whose own round trip the reply has long arrived by) or a short timer.
 The task slot never sits out a round trip for it, and the next start, sent on
 the same connection behind it, reads both replies at once. Likewise a worker's
-main process sends the holds of the messages it receives, a few to a call, and
-reads a message's reply when it accepts it, before acknowledging it.
+main process sends the hold of each message it receives at once, and reads the
+reply when it accepts the message, before acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
 process, checked out of the client's pool for as long as the process uses the

@@ -16,12 +16,10 @@ Two moments need a hold:
   run the start compare-and-set. Killed in between, the message is gone from
   every broker and the occurrence is not running: nothing but a hold
   names it. So the hold is recorded in Redis before the acknowledgement. Where
-  the receipt holds already (a Redis broker), it is sent then, with the next
-  few received (:data:`~celery_zsched.worker.heartbeat.HOLD_SEND_AFTER` to a
-  script call), and the acceptance only reads its reply, which has long come
-  back: no round trip waited for. Else (RabbitMQ, no reply, or a batch not full
-  yet, sent now) one round trip records it, and with it every message received
-  and not recorded yet.
+  the receipt holds already (a Redis broker), it is sent then, and the
+  acceptance only reads its reply, which has long come back: no round trip
+  waited for. Else (RabbitMQ, or no reply) one round trip records it, and with
+  it every message received and not recorded yet.
 """
 
 from __future__ import annotations
