@@ -31,6 +31,7 @@ try:
 except ImportError:  # a dependency, but a broken install must still work
     hiredis = None  # type: ignore[assignment]
 
+
 def send_evalsha(conn: Any, sha: str, keys: Sequence[str], args: Sequence[Any], *,
                  check_health: bool = True) -> None:
     """Send ``EVALSHA sha`` with ``keys`` and ``args`` on ``conn``, packed by hiredis in
