@@ -9,6 +9,8 @@ reply in the pool.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -197,6 +199,43 @@ def test_no_other_thread_takes_a_starts_reply(store: Store) -> None:
     assert statuses == ["ok"] * len(pending)
     assert int(store.client.hget(store.keys.counters, "duplicates") or 0) == 0
     assert [(r.applied, r.status) for r in results if r] == [(True, "scheduled")] * 2
+
+
+def test_a_forked_child_starts_with_an_empty_lane_of_its_own(store: Store) -> None:
+    """A pool child forked while its parent has a settle on the lane, and while one of
+    the parent's threads holds the lane's lock, neither reads the parent's reply nor
+    waits on that lock: its lane starts empty, on a connection of its own. The
+    parent's reply is still the parent's to read."""
+    started = {job_id: _started(store, job_id) for job_id in ("f1", "f2")}
+    results: list[SettleResult | None] = []
+    occurrence, fence, known = started["f1"]
+    store.settle_soon("f1", occurrence, 1, "complete", results.append, known=known,
+                      fence=fence)
+    assert store.lane is not None and store.lane.pending == 1
+    lock = store.lane._lock
+    lock.acquire()  # a thread of the parent's is reading the lane at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child reports through its exit code, and never hangs
+            code = 1
+            try:
+                signal.alarm(10)
+                empty = store.lane.pending == 0
+                occurrence, fence, known = started["f2"]
+                got: list[SettleResult | None] = []
+                store.settle_soon("f2", occurrence, 1, "complete", got.append, known=known,
+                                  fence=fence)
+                store.collect()
+                settled = [(r.applied, r.status) for r in got if r] == [(True, "scheduled")]
+                code = 0 if empty and settled else 2
+            finally:
+                os._exit(code)
+    finally:
+        lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.collect() == 1
+    assert [(r.applied, r.status) for r in results if r] == [(True, "scheduled")]
 
 
 def test_a_worker_process_settles_a_completed_task_ahead_and_logs_it_when_read(

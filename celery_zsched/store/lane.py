@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,8 +65,8 @@ class Lane:
         self._get = get_connection
         self._lock = threading.Lock()
         self._conn: Any = None
-        self._pid = os.getpid()
         self._pending: deque[OnReply] = deque()
+        _lanes.add(self)
 
     @property
     def pending(self) -> int:
@@ -80,7 +81,6 @@ class Lane:
         caller then makes it the usual way); nothing is pending then.
         """
         with self._lock:
-            self._forget_after_fork()
             if self._conn is None:
                 self._conn = self._get(self._pool)
             try:
@@ -98,7 +98,6 @@ class Lane:
         caller to hand over. Read under the lock, so no other thread's
         :meth:`collect` can take this call's reply. Raises as :meth:`send` does."""
         with self._lock:
-            self._forget_after_fork()
             if self._conn is None:
                 self._conn = self._get(self._pool)
             try:
@@ -115,7 +114,6 @@ class Lane:
         """Read every unread reply; returns each with its receiver, in the order sent,
         for the caller to hand over (outside this lane's lock)."""
         with self._lock:
-            self._forget_after_fork()
             return self._read()
 
     def _read(self) -> list[tuple[OnReply, Any]]:
@@ -149,8 +147,22 @@ class Lane:
             self._pool.release(self._conn)
             self._conn = None
 
-    def _forget_after_fork(self) -> None:
-        # A forked child must not read its parent's socket: it starts empty.
-        if self._pid != os.getpid():
-            self._pid, self._conn = os.getpid(), None
-            self._pending.clear()
+    def _forget(self) -> None:
+        # In a forked child: it must not read its parent's socket, nor wait on a lock
+        # one of the parent's threads held at the fork. It starts empty.
+        self._lock = threading.Lock()
+        self._conn = None
+        self._pending.clear()
+
+
+#: Every lane of this process, emptied in a forked child (a hook, not a pid check
+#: on every call: ``os.getpid`` is a system call, and the hot path makes several).
+_lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for lane in list(_lanes):
+        lane._forget()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

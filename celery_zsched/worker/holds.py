@@ -91,4 +91,16 @@ def _broker_keeps_unacked(consumer: Any) -> bool:
 
 def worker_name(hostname: str | None) -> str:
     """This worker process, as the store's ``workers`` set and holds name it."""
-    return f"{hostname or 'worker'}:{os.getpid()}"
+    return f"{hostname or 'worker'}:{_pid[0]}"
+
+
+#: This process's pid, renewed in a forked child: ``os.getpid`` is a system call,
+#: and the main process names itself on every message it receives.
+_pid = [os.getpid()]
+
+
+def _renew_pid() -> None:
+    _pid[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_renew_pid)
