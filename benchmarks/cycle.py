@@ -7,7 +7,7 @@ Usage::
         [--broker amqp://guest:guest@127.0.0.1:5672//] [--floor] [--before DIR]
         [--quick] [--json out.json]
 
-Two variants run the same N executions of the same noop task, interleaved
+The variants run the same N executions of the same noop task, interleaved
 (plain, zsched, plain, zsched, ...), each round with fresh processes:
 
 * **plain**: one process publishes N messages with ``app.send_task`` through
