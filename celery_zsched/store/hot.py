@@ -178,19 +178,6 @@ class HotPath(Settles):
             spec = scripts.START
             return spec.reply(call_replicated(self.client, self._scripts[spec.name],
                                               spec.key_names(keys), spec.argv(args)))
-        if self.lane is not None:
-            # On the lane, behind the last task's settle sent ahead: one read takes
-            # both replies, and no connection is checked out of the pool.
-            spec = scripts.START
-            with redis_unavailable():
-                reply, earlier = self.lane.call(self._scripts[spec.name], spec.key_names(keys),
-                                                spec.argv(args))
-            self.hand_over(earlier)
-            if reply is not None:
-                return spec.reply(reply)
-            # No reply (a server that lost the script, a broken connection): the
-            # usual way, which loads the script. Sent again, a start that did apply
-            # finds its occurrence running and drops this delivery: never two runs.
         return self._call_hot(scripts.START, keys, **args)
 
     def heartbeat(self, running: Sequence[Running], worker: str = "",

@@ -4,22 +4,20 @@ A worker that runs tasks back to back settles one and starts the next. The
 settle is sent the moment the task is done, so Redis applies it then, exactly
 as a waited-for call; only reading its reply waits, until the process's next
 start (whose own round trip the reply has long arrived by) or a short timer.
-The task slot never sits out a round trip for it, and the next start, sent on
-the same connection behind it, reads both replies at once. Likewise a worker's
-main process sends the hold of each message it receives at once, and reads the
+The task slot never sits out a round trip for it. Likewise a worker's main
+process sends the hold of each message it receives at once, and reads the
 reply when it accepts the message, before acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
-process, checked out of the client's pool for as long as the process uses the
-lane (given back closed only when it breaks): no other caller ever gets a
-connection with a reply left on it, and the hot path never checks one out.
+process, checked out of the client's pool while replies are unread and given
+back once they are all read: no other caller ever gets a connection with a
+reply left on it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,13 +48,6 @@ def send_evalsha(conn: Any, sha: str, keys: Sequence[str], args: Sequence[Any], 
 OnReply = Callable[[Any], None]
 
 
-def _mine(reply: Any) -> None:
-    """The receiver :meth:`Lane.call` marks its own reply with (never called)."""
-
-
-_MINE: OnReply = _mine
-
-
 class Lane:
     """One connection of ``pool`` carrying script calls whose replies are read later."""
 
@@ -65,8 +56,8 @@ class Lane:
         self._get = get_connection
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._pid = os.getpid()
         self._pending: deque[OnReply] = deque()
-        _lanes.add(self)
 
     @property
     def pending(self) -> int:
@@ -81,6 +72,7 @@ class Lane:
         caller then makes it the usual way); nothing is pending then.
         """
         with self._lock:
+            self._forget_after_fork()
             if self._conn is None:
                 self._conn = self._get(self._pool)
             try:
@@ -91,54 +83,34 @@ class Lane:
                 raise
             self._pending.append(on_reply)
 
-    def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]
-             ) -> tuple[Any, list[tuple[OnReply, Any]]]:
-        """Send ``script`` now and read every reply up to its own: its reply (``None``:
-        none could be had), and the earlier replies with their receivers, for the
-        caller to hand over. Read under the lock, so no other thread's
-        :meth:`collect` can take this call's reply. Raises as :meth:`send` does."""
-        with self._lock:
-            if self._conn is None:
-                self._conn = self._get(self._pool)
-            try:
-                send_evalsha(self._conn, script.sha, keys, args, check_health=not self._pending)
-            except BaseException:
-                self._drop()
-                raise
-            self._pending.append(_MINE)
-            replies = self._read()
-        mine = next(reply for on_reply, reply in replies if on_reply is _MINE)
-        return mine, [(on_reply, reply) for on_reply, reply in replies if on_reply is not _MINE]
-
     def collect(self) -> list[tuple[OnReply, Any]]:
         """Read every unread reply; returns each with its receiver, in the order sent,
         for the caller to hand over (outside this lane's lock)."""
-        with self._lock:
-            return self._read()
-
-    def _read(self) -> list[tuple[OnReply, Any]]:
-        # Under the lock. The connection stays checked out once its replies are read:
-        # the process's next call needs it, and nobody else gets it with a reply left.
         out: list[tuple[OnReply, Any]] = []
-        if self._conn is None:  # a send broke the connection: the earlier replies with it
-            out.extend((on_reply, None) for on_reply in self._pending)
-            self._pending.clear()
-        while self._pending:
-            on_reply = self._pending.popleft()
-            try:
-                reply = self._conn.read_response()
-            except ResponseError:
-                # An error reply (a script a fresh server does not know): the
-                # stream is intact; the caller makes this call the usual way.
-                reply = None
-            except Exception:
-                # The rest are lost with the connection: each caller decides.
-                out.append((on_reply, None))
-                out.extend((rest, None) for rest in self._pending)
+        with self._lock:
+            self._forget_after_fork()
+            if self._conn is None:  # a send broke the connection: the earlier replies with it
+                out.extend((on_reply, None) for on_reply in self._pending)
                 self._pending.clear()
-                self._drop()
-                break
-            out.append((on_reply, reply))
+            while self._pending:
+                on_reply = self._pending.popleft()
+                try:
+                    reply = self._conn.read_response()
+                except ResponseError:
+                    # An error reply (a script a fresh server does not know): the
+                    # stream is intact; the caller makes this call the usual way.
+                    reply = None
+                except Exception:
+                    # The rest are lost with the connection: each caller decides.
+                    out.append((on_reply, None))
+                    out.extend((rest, None) for rest in self._pending)
+                    self._pending.clear()
+                    self._drop()
+                    break
+                out.append((on_reply, reply))
+            if self._conn is not None and not self._pending:
+                self._pool.release(self._conn)
+                self._conn = None
         return out
 
     def _drop(self) -> None:
@@ -147,22 +119,8 @@ class Lane:
             self._pool.release(self._conn)
             self._conn = None
 
-    def _forget(self) -> None:
-        # In a forked child: it must not read its parent's socket, nor wait on a lock
-        # one of the parent's threads held at the fork. It starts empty.
-        self._lock = threading.Lock()
-        self._conn = None
-        self._pending.clear()
-
-
-#: Every lane of this process, emptied in a forked child (a hook, not a pid check
-#: on every call: ``os.getpid`` is a system call, and the hot path makes several).
-_lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
-
-
-def _forget_after_fork() -> None:
-    for lane in list(_lanes):
-        lane._forget()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+    def _forget_after_fork(self) -> None:
+        # A forked child must not read its parent's socket: it starts empty.
+        if self._pid != os.getpid():
+            self._pid, self._conn = os.getpid(), None
+            self._pending.clear()
