@@ -34,8 +34,8 @@ except ImportError:  # a dependency, but a broken install must still work
 def send_evalsha(conn: Any, sha: str, keys: Sequence[str], args: Sequence[Any], *,
                  check_health: bool = True) -> None:
     """Send ``EVALSHA sha`` with ``keys`` and ``args`` on ``conn``, packed by hiredis in
-    one call: redis-py's packer walks every argument in Python first, which costs a
-    worker's settle (about 30 arguments) as much client CPU as its script's work."""
+    one call: redis-py's packer walks every argument in Python first (a worker's
+    settle has about 30)."""
     if hiredis is None:
         conn.send_command("EVALSHA", sha, len(keys), *keys, *args, check_health=check_health)
         return
