@@ -14,12 +14,8 @@ from celery_zsched.store.base import Call, pooled_connection, time_ms, unavailab
 from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.hot import HotPath
 from celery_zsched.store.keys import Keys
+from celery_zsched.store.lane import PACKS, packed_evalsha
 from celery_zsched.store.settles import LABELS
-
-try:
-    import hiredis
-except ImportError:  # a dependency, but a broken install must still work
-    hiredis = None  # type: ignore[assignment]
 
 
 class Batches(HotPath):
@@ -84,14 +80,11 @@ class Batches(HotPath):
         settles (35 arguments each) more client CPU than all the rest of it. A Cluster
         client, or a connection without hiredis, takes :meth:`_run`."""
         pool = getattr(self.client, "connection_pool", None)
-        if pool is None or is_cluster(self.client) or hiredis is None or len(calls) < 2:
+        if pool is None or is_cluster(self.client) or not PACKS or len(calls) < 2:
             return self._run(calls)
-        commands = []
-        for spec, keys, rows, args in calls:
-            names = spec.key_names(keys)
-            commands.append(hiredis.pack_command((
-                "EVALSHA", self._scripts[spec.name].sha, len(names), *names,
-                *spec.argv(args, rows))))
+        commands = [packed_evalsha(self._scripts[spec.name].sha, spec.key_names(keys),
+                                   spec.argv(args, rows))
+                    for spec, keys, rows, args in calls]
         conn = pooled_connection(pool)
         replies: list[Any] = []
         try:

@@ -31,16 +31,26 @@ except ImportError:  # a dependency, but a broken install must still work
     hiredis = None  # type: ignore[assignment]
 
 
+#: Whether :func:`packed_evalsha` can be had (hiredis is installed).
+PACKS = hiredis is not None
+
+
+def packed_evalsha(sha: str, keys: Sequence[str], args: Sequence[Any]) -> bytes:
+    """``EVALSHA sha`` with ``keys`` and ``args`` in Redis' protocol, packed by hiredis in
+    one call (only when :data:`PACKS`): redis-py's packer walks every argument in
+    Python first (a worker's settle has about 30)."""
+    packed: bytes = hiredis.pack_command(("EVALSHA", sha, len(keys), *keys, *args))
+    return packed
+
+
 def send_evalsha(conn: Any, sha: str, keys: Sequence[str], args: Sequence[Any], *,
                  check_health: bool = True) -> None:
-    """Send ``EVALSHA sha`` with ``keys`` and ``args`` on ``conn``, packed by hiredis in
-    one call: redis-py's packer walks every argument in Python first (a worker's
-    settle has about 30)."""
-    if hiredis is None:
+    """Send ``EVALSHA sha`` with ``keys`` and ``args`` on ``conn``, packed by hiredis
+    where it is installed."""
+    if not PACKS:
         conn.send_command("EVALSHA", sha, len(keys), *keys, *args, check_health=check_health)
         return
-    conn.send_packed_command([hiredis.pack_command(("EVALSHA", sha, len(keys), *keys, *args))],
-                             check_health=check_health)
+    conn.send_packed_command([packed_evalsha(sha, keys, args)], check_health=check_health)
 
 
 #: What a sent call's reply is handed to: the raw reply, or ``None`` when there
