@@ -124,6 +124,16 @@ ENV_BROKER = "CYCLE_BENCH_BROKER_URL"
 ENV_MARKER = "CYCLE_BENCH_MARKER_URL"
 ENV_QUEUE = "CYCLE_BENCH_QUEUE"
 ENV_FLOOR_STORE = "CYCLE_BENCH_FLOOR_STORE_URL"
+ENV_BEFORE = "CYCLE_BENCH_BEFORE_DIR"
+#: Put first on the ``before`` processes' path: an editable install of this
+#: checkout answers every import of ``celery_zsched`` through its own finder,
+#: ahead of ``PYTHONPATH``, so that finder is taken out before anything imports
+#: the package (the ``celery`` command loads its entry points first).
+BEFORE_SITECUSTOMIZE = """\
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not getattr(f, "__module__", "").startswith("__editable__")]
+"""
 #: The floor's start and settle: a Lua script that does nothing.
 FLOOR_SCRIPT = "return 1"
 
@@ -138,7 +148,14 @@ def build_app(variant: str, broker_url: str, marker_url: str, queue: str) -> Any
     from celery import Celery, signals
 
     if variant in ("zsched", "before"):
-        import celery_zsched.worker  # noqa: F401  (installs the start and settle hooks)
+        import celery_zsched.worker
+    if variant == "before":
+        import celery_zsched
+
+        where = Path(celery_zsched.__file__).resolve()
+        if not where.is_relative_to(Path(os.environ[ENV_BEFORE]).resolve()):
+            raise RuntimeError(f"the before variant imported celery_zsched from {where}, "
+                               f"not from {os.environ[ENV_BEFORE]}")
 
     app = Celery("zsched_cycle_bench", broker=broker_url)
     if variant == "floor":
@@ -284,7 +301,12 @@ class Ctx:
         if variant in ("zsched", "before"):
             env.update(ZSCHED_REDIS_URL=self.store.url(), ZSCHED_KEY_PREFIX=PREFIX)
         if variant == "before":  # its beat and worker import that checkout's package
-            env["PYTHONPATH"] = os.pathsep.join([self.args.before, str(Path(__file__).parent)])
+            site = Path(self.logdir) / "before-site"
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(BEFORE_SITECUSTOMIZE)
+            env["PYTHONPATH"] = os.pathsep.join([str(site), self.args.before,
+                                                 str(Path(__file__).parent)])
+            env[ENV_BEFORE] = self.args.before
         return CeleryFleet("cycle:app", self.logdir, f"{variant}{rnd}", env,
                            drop=("CYCLE_BENCH_",))
 

@@ -9,6 +9,7 @@ reply in the pool.
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.job import Job
 from celery_zsched.core.results import SettleResult
 from celery_zsched.core.state import RuntimeState
@@ -56,8 +58,9 @@ def _in_use(store: Store) -> int:
 def test_a_settle_sent_ahead_is_applied_before_its_reply_is_read(store: Store) -> None:
     results: list[SettleResult | None] = []
     jobs = ["a1", "a2", "a3"]
-    for job_id in jobs:
-        occurrence, fence, known = _started(store, job_id)
+    # All started first: a start behind a settle sent ahead would read its reply.
+    started = [_started(store, job_id) for job_id in jobs]
+    for job_id, (occurrence, fence, known) in zip(jobs, started, strict=True):
         store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
                           event={"duration_ms": 3}, fence=fence)
     assert results == []  # nothing read yet ...
@@ -101,8 +104,8 @@ def test_a_definition_edited_meanwhile_hands_over_none_and_changes_nothing(store
 
 def test_replies_lost_with_the_connection_are_handed_over_as_none(store: Store) -> None:
     results: list[Any] = []
-    for job_id in ("l1", "l2"):
-        occurrence, fence, known = _started(store, job_id)
+    started = [_started(store, job_id) for job_id in ("l1", "l2")]
+    for job_id, (occurrence, fence, known) in zip(("l1", "l2"), started, strict=True):
         store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
                           fence=fence)
     assert store.lane is not None and store.lane.pending == 2
@@ -112,6 +115,93 @@ def test_replies_lost_with_the_connection_are_handed_over_as_none(store: Store) 
     # The connection went back to the pool closed: the next caller reconnects.
     assert store.now_ms() > 0
 
+
+
+def test_replies_lost_with_a_failed_send_are_handed_over_as_none_not_read_off_the_next_connection(
+        store: Store) -> None:
+    """A send that fails (the socket broke) takes the earlier unread replies with it:
+    they are handed over as ``None`` at the next read, which reads off the new
+    connection only the replies of the calls sent on it."""
+    results: list[tuple[str, Any]] = []
+    started = {job_id: _started(store, job_id) for job_id in ("f1", "f2")}
+
+    def settle_soon(job_id: str) -> None:
+        occurrence, fence, known = started[job_id]
+        store.settle_soon(job_id, occurrence, 1, "complete",
+                          lambda result: results.append((job_id, result)), known=known,
+                          fence=fence)
+    settle_soon("f1")
+    assert store.lane is not None and store.lane._conn is not None
+    store.lane._conn._sock.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(StoreUnavailable):
+        settle_soon("f2")
+    assert store.lane.pending == 1  # f1's reply, lost with the connection
+    settle_soon("f2")  # on a new connection
+    assert store.collect() == 2
+    assert [(job_id, r if r is None else (r.applied, r.job.id if r.job else None))
+            for job_id, r in results] == [("f1", None), ("f2", (True, "f2"))]
+    assert _in_use(store) == 0 and store.lane.pending == 0
+
+
+def _queued(store: Store, job_id: str) -> tuple[int, int]:
+    """A job stored, claimed and published, not started: (occurrence, delivery)."""
+    store.upsert(Job.from_dict({"id": job_id, "task": "tests.noop", "interval_s": 60,
+                                "jitter_s": 0}))
+    claimed = next(c for c in store.claim().jobs if c.job.id == job_id)
+    store.routed([(claimed, "")])
+    return claimed.occurrence, claimed.deliveries
+
+
+def _settled_ahead(store: Store, job_id: str, results: list[Any]) -> None:
+    occurrence, fence, known = _started(store, job_id)
+    store.settle_soon(job_id, occurrence, 1, "complete", results.append, known=known,
+                      fence=fence)
+
+
+def test_a_start_behind_a_settle_sent_ahead_reads_both_replies_on_its_connection(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    results: list[SettleResult | None] = []
+    _settled_ahead(store, "b1", results)
+    occurrence, delivery = _queued(store, "b2")
+    assert store.lane is not None and store.lane.pending == 1 and _in_use(store) == 1
+
+    def no_second_connection(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the start checked out a connection of its own")
+    monkeypatch.setattr(store, "_call_hot", no_second_connection)
+    start = store.start("b2", occurrence, 1, delivery=delivery, task="tests.noop")
+    assert start.status == "ok" and start.fence is not None
+    # The settle's reply was handed over on the way, and the connection given back.
+    assert [(r.applied, r.job.id if r.job else None) for r in results if r] == [(True, "b1")]
+    assert store.lane.pending == 0 and _in_use(store) == 0
+    assert (_status(store, "b1"), _status(store, "b2")) == ("scheduled", "running")
+
+
+def test_a_start_finds_the_lane_busy_in_another_thread_and_goes_the_usual_way(
+        store: Store) -> None:
+    results: list[SettleResult | None] = []
+    _settled_ahead(store, "c1", results)
+    occurrence, delivery = _queued(store, "c2")
+    assert store.lane is not None
+    with store.lane._lock:  # another thread of the process is on the lane
+        start = store.start("c2", occurrence, 1, delivery=delivery, task="tests.noop")
+    assert start.status == "ok"
+    assert results == [] and store.lane.pending == 1  # left for its reader
+    assert store.collect() == 1 and [r.applied for r in results if r] == [True]
+
+
+def test_a_start_on_the_lane_that_the_server_does_not_know_is_made_the_usual_way(
+        store: Store) -> None:
+    results: list[SettleResult | None] = []
+    _settled_ahead(store, "d1", results)
+    for _ in range(500):  # applied as it arrived, before the scripts are flushed
+        if _status(store, "d1") == "scheduled":
+            break
+        time.sleep(0.01)
+    occurrence, delivery = _queued(store, "d2")
+    store.client.script_flush()
+    start = store.start("d2", occurrence, 1, delivery=delivery, task="tests.noop")
+    assert start.status == "ok" and _status(store, "d2") == "running"
+    assert [r.applied for r in results if r] == [True] and len(results) == 1
 
 
 def test_a_server_that_never_ran_settle_hands_over_none_and_changes_nothing(

@@ -4,9 +4,12 @@ A worker that runs tasks back to back settles one and starts the next. The
 settle is sent the moment the task is done, so Redis applies it then, exactly
 as a waited-for call; only reading its reply waits, until the process's next
 start (whose own round trip the reply has long arrived by) or a short timer.
-The task slot never sits out a round trip for it. Likewise a worker's main
-process sends the hold of each message it receives at once, and reads the
-reply when it accepts the message, before acknowledging it.
+The task slot never sits out a round trip for it, and the next start, sent on
+the same connection behind it (:meth:`Lane.call`), reads both replies at once:
+one connection checked out and one read per execution, as the floor of
+``benchmarks/cycle.py`` has it. Likewise a worker's main process sends the hold
+of each message it receives at once, and reads the reply when it accepts the
+message, before acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
 process, checked out of the client's pool while replies are unread and given
@@ -58,6 +61,10 @@ def send_evalsha(conn: Any, sha: str, keys: Sequence[str], args: Sequence[Any], 
 OnReply = Callable[[Any], None]
 
 
+def _mine(reply: Any) -> None:
+    """The receiver :meth:`Lane.call` marks its own reply with (never called)."""
+
+
 class Lane:
     """One connection of ``pool`` carrying script calls whose replies are read later."""
 
@@ -68,11 +75,13 @@ class Lane:
         self._conn: Any = None
         self._pid = os.getpid()
         self._pending: deque[OnReply] = deque()
+        #: Receivers whose replies went with a broken connection, to be handed ``None``.
+        self._lost: list[tuple[OnReply, Any]] = []
 
     @property
     def pending(self) -> int:
-        """How many replies are unread."""
-        return len(self._pending)
+        """How many replies are unread (or lost with a connection, not handed over yet)."""
+        return len(self._pending) + len(self._lost)
 
     def send(self, script: Script, keys: Sequence[str], args: Sequence[Any],
              on_reply: OnReply) -> None:
@@ -82,45 +91,72 @@ class Lane:
         caller then makes it the usual way); nothing is pending then.
         """
         with self._lock:
-            self._forget_after_fork()
-            if self._conn is None:
-                self._conn = self._get(self._pool)
-            try:
-                # A health check PING would read a pending reply: only on an idle connection.
-                send_evalsha(self._conn, script.sha, keys, args, check_health=not self._pending)
-            except BaseException:
-                self._drop()
-                raise
-            self._pending.append(on_reply)
+            self._send(script, keys, args, on_reply)
+
+    def call(self, script: Script, keys: Sequence[str], args: Sequence[Any]
+             ) -> tuple[Any, list[tuple[OnReply, Any]]] | None:
+        """Send ``script`` behind the calls whose replies are unread, and read them all,
+        its own last: its reply (``None``: none could be had) and the earlier replies
+        with their receivers, for the caller to hand over.
+
+        Only while no other thread uses the lane (a prefork child's, whose only
+        other user is its timer): else ``None`` at once, and the caller makes the
+        call the usual way, on a connection of its own, instead of waiting for
+        the other thread's round trip. Raises as :meth:`send` does.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._send(script, keys, args, _mine)
+            replies = self._read()
+        finally:
+            self._lock.release()
+        _, mine = replies.pop()  # read last, as it was sent last
+        return mine, replies
 
     def collect(self) -> list[tuple[OnReply, Any]]:
         """Read every unread reply; returns each with its receiver, in the order sent,
         for the caller to hand over (outside this lane's lock)."""
-        out: list[tuple[OnReply, Any]] = []
         with self._lock:
             self._forget_after_fork()
-            if self._conn is None:  # a send broke the connection: the earlier replies with it
-                out.extend((on_reply, None) for on_reply in self._pending)
+            return self._read()
+
+    def _send(self, script: Script, keys: Sequence[str], args: Sequence[Any],
+              on_reply: OnReply) -> None:
+        # Under the lock.
+        self._forget_after_fork()
+        if self._conn is None:
+            self._conn = self._get(self._pool)
+        try:
+            # A health check PING would read a pending reply: only on an idle connection.
+            send_evalsha(self._conn, script.sha, keys, args, check_health=not self._pending)
+        except BaseException:
+            self._drop()
+            raise
+        self._pending.append(on_reply)
+
+    def _read(self) -> list[tuple[OnReply, Any]]:
+        # Under the lock. The connection goes back to the pool once every reply is read.
+        out, self._lost = self._lost, []
+        while self._pending:
+            on_reply = self._pending.popleft()
+            try:
+                reply = self._conn.read_response()
+            except ResponseError:
+                # An error reply (a script a fresh server does not know): the
+                # stream is intact; the caller makes this call the usual way.
+                reply = None
+            except Exception:
+                # The rest are lost with the connection: each caller decides.
+                out.append((on_reply, None))
+                out.extend((rest, None) for rest in self._pending)
                 self._pending.clear()
-            while self._pending:
-                on_reply = self._pending.popleft()
-                try:
-                    reply = self._conn.read_response()
-                except ResponseError:
-                    # An error reply (a script a fresh server does not know): the
-                    # stream is intact; the caller makes this call the usual way.
-                    reply = None
-                except Exception:
-                    # The rest are lost with the connection: each caller decides.
-                    out.append((on_reply, None))
-                    out.extend((rest, None) for rest in self._pending)
-                    self._pending.clear()
-                    self._drop()
-                    break
-                out.append((on_reply, reply))
-            if self._conn is not None and not self._pending:
-                self._pool.release(self._conn)
-                self._conn = None
+                self._drop()
+                break
+            out.append((on_reply, reply))
+        if self._conn is not None and not self._pending:
+            self._pool.release(self._conn)
+            self._conn = None
         return out
 
     def _drop(self) -> None:
@@ -128,9 +164,15 @@ class Lane:
             self._conn.disconnect()  # a reply may be left unread: never reuse it
             self._pool.release(self._conn)
             self._conn = None
+        # The replies still unread went with the connection. Handed over as lost by
+        # the next read, they never wait on the next connection for replies it will
+        # not carry, nor take the replies of the calls sent on it.
+        self._lost.extend((on_reply, None) for on_reply in self._pending)
+        self._pending.clear()
 
     def _forget_after_fork(self) -> None:
         # A forked child must not read its parent's socket: it starts empty.
         if self._pid != os.getpid():
             self._pid, self._conn = os.getpid(), None
             self._pending.clear()
+            self._lost = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery_zsched.core.job import Job
@@ -17,6 +17,7 @@ from celery_zsched.store.base import time_ms, unavailable
 from celery_zsched.store.connection import is_cluster
 from celery_zsched.store.errors import redis_unavailable
 from celery_zsched.store.keys import Keys
+from celery_zsched.store.lane import OnReply
 from celery_zsched.store.writes import Writes
 
 logger = logging.getLogger("celery_zsched")
@@ -144,7 +145,11 @@ class Settles(Writes):
         (in this thread); how many there were."""
         if self.lane is None or not self.lane.pending:
             return 0
-        replies = self.lane.collect()
+        return self.hand_over(self.lane.collect())
+
+    @staticmethod
+    def hand_over(replies: Sequence[tuple[OnReply, Any]]) -> int:
+        """Hand each reply read off the lane to its receiver; how many there were."""
         for on_reply, reply in replies:
             try:
                 on_reply(reply)
