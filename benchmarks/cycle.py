@@ -231,6 +231,16 @@ def install_floor(store_url: str) -> None:
     signals.task_success.connect(lambda **_: lane.settle(), weak=False)
 
 
+def before_env(checkout: str, workdir: str) -> dict[str, str]:
+    """The environment under which a process imports ``celery_zsched`` from ``checkout``
+    (and this directory's modules), even with this checkout installed editable."""
+    site = Path(workdir) / "before-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BEFORE_SITECUSTOMIZE)
+    return {"PYTHONPATH": os.pathsep.join([str(site), checkout, str(Path(__file__).parent)]),
+            ENV_BEFORE: checkout}
+
+
 def _app_from_env() -> Any:
     return build_app(os.environ[ENV_VARIANT], os.environ[ENV_BROKER], os.environ[ENV_MARKER],
                      os.environ[ENV_QUEUE])
@@ -301,12 +311,7 @@ class Ctx:
         if variant in ("zsched", "before"):
             env.update(ZSCHED_REDIS_URL=self.store.url(), ZSCHED_KEY_PREFIX=PREFIX)
         if variant == "before":  # its beat and worker import that checkout's package
-            site = Path(self.logdir) / "before-site"
-            site.mkdir(exist_ok=True)
-            (site / "sitecustomize.py").write_text(BEFORE_SITECUSTOMIZE)
-            env["PYTHONPATH"] = os.pathsep.join([str(site), self.args.before,
-                                                 str(Path(__file__).parent)])
-            env[ENV_BEFORE] = self.args.before
+            env.update(before_env(self.args.before, self.logdir))
         return CeleryFleet("cycle:app", self.logdir, f"{variant}{rnd}", env,
                            drop=("CYCLE_BENCH_",))
 

@@ -18,6 +18,7 @@ pytest.importorskip("psutil")
 
 pytestmark = BENCHMARK_MARKS
 N = 500  # --quick
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def test_the_cycle_benchmark_counts_every_execution_of_each_variant(tmp_path: Path) -> None:
@@ -54,3 +55,26 @@ def test_the_cycle_benchmark_counts_every_execution_of_each_variant(tmp_path: Pa
     setup = {name: calls for name, calls in floor["store_cmds"].items() if name != "evalsha"}
     assert floor["store_cmds"]["evalsha"] == 2 * N and sum(setup.values()) < 20, setup
     assert floor["broker_cmds"]["lpush"] == N
+
+
+def test_the_before_variant_imports_the_old_checkout_not_the_installed_one(
+        tmp_path: Path) -> None:
+    """``--before DIR`` compares against DIR's code: an editable install of this
+    checkout (how the project installs itself) must not answer its imports."""
+    import os
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import cycle
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    old = tmp_path / "old"
+    (old / "celery_zsched").mkdir(parents=True)
+    (old / "celery_zsched" / "__init__.py").write_text("OLD = True\n")
+    env = {**os.environ, **cycle.before_env(str(old), str(tmp_path))}
+    found = subprocess.run(
+        [sys.executable, "-c", "import celery_zsched; print(celery_zsched.__file__)"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(found).resolve() == (old / "celery_zsched" / "__init__.py").resolve()
