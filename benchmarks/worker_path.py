@@ -71,7 +71,9 @@ def child(variant: str, n: int) -> dict[str, Any]:
     server = RedisServer("path").start()
     try:
         _pin(server.proc.pid if server.proc else 0)
-        os.environ.update(ZSCHED_REDIS_URL=server.url(), ZSCHED_KEY_PREFIX=PREFIX)
+        # Backpressure would stop the claims at 2,000 queued: all N are queued at once here.
+        os.environ.update(ZSCHED_REDIS_URL=server.url(), ZSCHED_KEY_PREFIX=PREFIX,
+                          ZSCHED_MAX_QUEUED=str(n), ZSCHED_QUEUE_MAX_QUEUED=str(n))
         import redis
         from celery import Celery, signals
 
@@ -132,12 +134,15 @@ def _zsched(app: Any, n: int) -> tuple[list[dict[str, Any] | None], Any]:
     store.upsert_many([Job.from_dict({"id": f"job-{i}", "task": TASK, "interval_s": 604800,
                                       "jitter_s": 0}) for i in range(n)], stagger=False)
     claimed: list[Any] = []
-    while len(claimed) < n:
+    for _ in range(1000):
+        if len(claimed) >= n:
+            break
         batch = store.claim(1000)
-        if not batch.jobs:
-            time.sleep(0.01)
-            continue
         claimed += batch.jobs
+        if not batch.jobs:
+            time.sleep(0.01)  # due a moment after now: the claim's clock is Redis'
+    if len(claimed) < n:
+        raise RuntimeError(f"claimed {len(claimed):,} of {n:,} jobs")
     store.routed([(each, "celery") for each in claimed])
     return [headers_of(each, None) for each in claimed], store.client
 
