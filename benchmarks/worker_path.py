@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import RedisServer, _redis_cpu_s  # noqa: E402
+from bench import RedisServer, _redis_cpu_s
 
 VARIANTS = ("bare", "floor", "zsched", "before")
 TASK = "cycle.noop"
@@ -75,7 +75,7 @@ def child(variant: str, n: int) -> dict[str, Any]:
         os.environ.update(ZSCHED_REDIS_URL=server.url(), ZSCHED_KEY_PREFIX=PREFIX,
                           ZSCHED_MAX_QUEUED=str(n), ZSCHED_QUEUE_MAX_QUEUED=str(n))
         import redis
-        from celery import Celery, signals
+        from celery import Celery
 
         app = Celery("zsched_worker_path", broker="memory://", set_as_current=False)
         app.conf.task_eager_propagates = True
@@ -184,15 +184,15 @@ def table(results: list[dict[str, Any]]) -> str:
             "min / median | process above bare (medians) | process above floor (medians) "
             "| store Redis above floor (medians) |", "|---|---|---|---|---|---|"]
     for variant in by:
-        cells = [variant,
-                 f"{stat(variant, 'cpu_ms', min):.3f} / {stat(variant, 'cpu_ms', statistics.median):.3f}",
-                 f"{stat(variant, 'redis_ms', min):.3f} / "
-                 f"{stat(variant, 'redis_ms', statistics.median):.3f}"]
+        cells = [variant] + [f"{stat(variant, key, min):.3f} / "
+                             f"{stat(variant, key, statistics.median):.3f}"
+                             for key in ("cpu_ms", "redis_ms")]
         for base, key in (("bare", "cpu_ms"), ("floor", "cpu_ms"), ("floor", "redis_ms")):
             if base not in by or VARIANTS.index(variant) <= VARIANTS.index(base):
                 cells.append("-")
                 continue
-            cells.append(f"{stat(variant, key, statistics.median) - stat(base, key, statistics.median):+.3f} ms")
+            above = stat(variant, key, statistics.median) - stat(base, key, statistics.median)
+            cells.append(f"{above:+.3f} ms")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
