@@ -128,6 +128,9 @@ def _zsched(app: Any, n: int) -> tuple[list[dict[str, Any] | None], Any]:
         raise RuntimeError(f"imported celery_zsched from {celery_zsched.__file__}, not {before}")
     install_start(app)
     send_ahead()  # as in a worker process
+    from celery import signals
+    app.set_current()  # as a pool process's is, when it is told it started
+    signals.worker_process_init.send(sender="worker_path")
     store = store_for_app(app)
     for name in ("start", "settle"):  # as on a server any worker has used
         store.client.script_load(scripts.source(name))

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
 from celery_zsched.core.errors import StoreUnavailable
 from celery_zsched.core.job import Job
@@ -204,6 +204,28 @@ def test_a_start_on_the_lane_that_the_server_does_not_know_is_made_the_usual_way
     assert [r.applied for r in results if r] == [True] and len(results) == 1
 
 
+def test_a_pool_process_lane_keeps_its_connection_and_reconnects_when_it_breaks(
+        store: Store) -> None:
+    assert store.lane is not None
+    store.lane.keep = True
+    results: list[SettleResult | None] = []
+    _settled_ahead(store, "k1", results)
+    occurrence, delivery = _queued(store, "k2")
+    conn = store.lane._conn
+    assert store.start("k2", occurrence, 1, delivery=delivery, task="tests.noop").status == "ok"
+    # Every reply read, and the connection kept for the next execution: one checkout.
+    assert store.lane.pending == 0 and store.lane._conn is conn and _in_use(store) == 1
+    assert [r.applied for r in results if r] == [True]
+    conn._sock.shutdown(socket.SHUT_RDWR)  # the kept connection breaks (Redis restarted)
+    with pytest.raises(StoreUnavailable):  # k3's settle: the caller settles the usual way
+        _settled_ahead(store, "k3", results)
+    _settled_ahead(store, "k4", results)  # on a new connection, kept in turn
+    assert store.collect() == 1
+    assert [r.job.id if r and r.job else None for r in results] == ["k1", "k4"]
+    assert (_status(store, "k3"), _status(store, "k4")) == ("running", "scheduled")
+    assert _in_use(store) == 1
+
+
 def test_a_server_that_never_ran_settle_hands_over_none_and_changes_nothing(
         store: Store) -> None:
     occurrence, fence, known = _started(store, "n")
@@ -240,5 +262,22 @@ def test_a_worker_process_settles_a_completed_task_ahead_and_logs_it_when_read(
         assert store.lane.pending == 0
         assert _status(store, "w") == "scheduled"
         assert '"applied":true' in caplog.text and "job_complete" in caplog.text
+    finally:
+        forget_app(app)
+
+
+def test_a_prefork_pool_process_keeps_its_lane_connection_and_the_main_process_does_not(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import celery_zsched.worker as worker
+
+    app = Celery("keep", set_as_current=False)
+    app.conf.zsched_redis_url = redis_url
+    app.conf.zsched_key_prefix = "{k" + uuid.uuid4().hex[:8] + "}:"
+    try:
+        lane = store_for_app(app).lane
+        assert lane is not None and not lane.keep  # the main process gives it back
+        monkeypatch.setattr(worker, "current_app", app)
+        signals.worker_process_init.send(sender="host")  # what a prefork child hears
+        assert lane.keep
     finally:
         forget_app(app)

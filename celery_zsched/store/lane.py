@@ -77,6 +77,9 @@ class Lane:
         self._pending: deque[OnReply] = deque()
         #: Receivers whose replies went with a broken connection, to be handed ``None``.
         self._lost: list[tuple[OnReply, Any]] = []
+        #: Keep the connection checked out once every reply is read (a pool process,
+        #: whose every execution sends on the lane): no checkout per execution.
+        self.keep = False
 
     @property
     def pending(self) -> int:
@@ -154,7 +157,7 @@ class Lane:
                 self._drop()
                 break
             out.append((on_reply, reply))
-        if self._conn is not None and not self._pending:
+        if self._conn is not None and not self._pending and not self.keep:
             self._pool.release(self._conn)
             self._conn = None
         return out

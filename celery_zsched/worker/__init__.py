@@ -98,6 +98,18 @@ def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     extensions.stop("worker")
 
 
+def on_process_init(**_: Any) -> None:
+    """A prefork pool process starts: its store's lane keeps its connection, which every
+    execution's settle and start use (the main process's holds still give theirs back)."""
+    try:
+        lane = store_for_app(current_app).lane
+    except Exception:  # only a saving: the settings' own errors surface at the first task
+        logger.exception("zsched: the pool process's store could not be built")
+        return
+    if lane is not None:
+        lane.keep = True
+
+
 def on_process_shutdown(**_: Any) -> None:
     """A pool child exits: its extensions stop (its queued notices are delivered)."""
     extensions.stop("worker_process")
@@ -201,6 +213,8 @@ def install() -> None:
     signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=_UID + ".ready")
     signals.worker_shutdown.connect(on_worker_shutdown, weak=False,
                                     dispatch_uid=_UID + ".shutdown")
+    signals.worker_process_init.connect(on_process_init, weak=False,
+                                        dispatch_uid=_UID + ".process_init")
     signals.worker_process_shutdown.connect(on_process_shutdown, weak=False,
                                             dispatch_uid=_UID + ".process_shutdown")
     signals.task_prerun.connect(on_prerun, weak=False, dispatch_uid=_UID + ".prerun")
