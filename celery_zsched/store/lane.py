@@ -6,15 +6,17 @@ as a waited-for call; only reading its reply waits, until the process's next
 start (whose own round trip the reply has long arrived by) or a short timer.
 The task slot never sits out a round trip for it, and the next start, sent on
 the same connection behind it (:meth:`Lane.call`), reads both replies at once:
-one connection checked out and one read per execution, as the floor of
-``benchmarks/cycle.py`` has it. Likewise a worker's main process sends the hold
-of each message it receives at once, and reads the reply when it accepts the
-message, before acknowledging it.
+one read per execution on one connection, as the floor of ``benchmarks/cycle.py``
+has it. Likewise a worker's main process sends the hold of each message it
+receives at once, and reads the reply when it accepts the message, before
+acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
 process, checked out of the client's pool while replies are unread and given
-back once they are all read: no other caller ever gets a connection with a
-reply left on it.
+back once they are all read (a prefork pool process keeps it: :attr:`Lane.keep`):
+no other caller ever gets a connection with a reply left on it. A connection
+that breaks takes its unread replies with it: their receivers are handed
+``None`` (make the call the usual way), never a reply read off the next one.
 """
 
 from __future__ import annotations
