@@ -141,7 +141,8 @@ class Lane:
         self._pending.append(on_reply)
 
     def _read(self) -> list[tuple[OnReply, Any]]:
-        # Under the lock. The connection goes back to the pool once every reply is read.
+        # Under the lock. The connection goes back to the pool once every reply is read
+        # (unless the lane keeps it).
         out, self._lost = self._lost, []
         while self._pending:
             on_reply = self._pending.popleft()
