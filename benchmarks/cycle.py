@@ -148,7 +148,7 @@ def build_app(variant: str, broker_url: str, marker_url: str, queue: str) -> Any
     from celery import Celery, signals
 
     if variant in ("zsched", "before"):
-        import celery_zsched.worker
+        import celery_zsched.worker  # installs the start and settle hooks
     if variant == "before":
         import celery_zsched
 
