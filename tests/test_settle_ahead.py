@@ -34,17 +34,22 @@ def _settle_loaded(store: Store) -> None:
     store.client.script_load(scripts.source("settle"))
 
 
-def _started(store: Store, job_id: str) -> tuple[int, int, tuple[str, int]]:
-    """A job stored, claimed, published and started: (occurrence, fence, known)."""
+def _queued(store: Store, job_id: str) -> tuple[int, int]:
+    """A job stored, claimed and published, not started: (occurrence, delivery)."""
     store.upsert(Job.from_dict({"id": job_id, "task": "tests.noop", "interval_s": 60,
                                 "jitter_s": 0}))
     claimed = next(c for c in store.claim().jobs if c.job.id == job_id)
     store.routed([(claimed, "")])
-    start = store.start(job_id, claimed.occurrence, 1, delivery=claimed.deliveries,
-                        task="tests.noop")
+    return claimed.occurrence, claimed.deliveries
+
+
+def _started(store: Store, job_id: str) -> tuple[int, int, tuple[str, int]]:
+    """A job stored, claimed, published and started: (occurrence, fence, known)."""
+    occurrence, delivery = _queued(store, job_id)
+    start = store.start(job_id, occurrence, 1, delivery=delivery, task="tests.noop")
     assert start.status == "ok" and start.fence is not None
     assert start.definition is not None and start.now_ms is not None
-    return claimed.occurrence, start.fence, (start.definition, start.now_ms)
+    return occurrence, start.fence, (start.definition, start.now_ms)
 
 
 def _status(store: Store, job_id: str) -> str:
@@ -141,15 +146,6 @@ def test_replies_lost_with_a_failed_send_are_handed_over_as_none_not_read_off_th
     assert [(job_id, r if r is None else (r.applied, r.job.id if r.job else None))
             for job_id, r in results] == [("f1", None), ("f2", (True, "f2"))]
     assert _in_use(store) == 0 and store.lane.pending == 0
-
-
-def _queued(store: Store, job_id: str) -> tuple[int, int]:
-    """A job stored, claimed and published, not started: (occurrence, delivery)."""
-    store.upsert(Job.from_dict({"id": job_id, "task": "tests.noop", "interval_s": 60,
-                                "jitter_s": 0}))
-    claimed = next(c for c in store.claim().jobs if c.job.id == job_id)
-    store.routed([(claimed, "")])
-    return claimed.occurrence, claimed.deliveries
 
 
 def _settled_ahead(store: Store, job_id: str, results: list[Any]) -> None:
