@@ -148,14 +148,9 @@ def build_app(variant: str, broker_url: str, marker_url: str, queue: str) -> Any
     from celery import Celery, signals
 
     if variant in ("zsched", "before"):
-        import celery_zsched.worker  # installs the start and settle hooks
+        import celery_zsched.worker  # noqa: F401  (installs the start and settle hooks)
     if variant == "before":
-        import celery_zsched
-
-        where = Path(celery_zsched.__file__).resolve()
-        if not where.is_relative_to(Path(os.environ[ENV_BEFORE]).resolve()):
-            raise RuntimeError(f"the before variant imported celery_zsched from {where}, "
-                               f"not from {os.environ[ENV_BEFORE]}")
+        check_before_import()
 
     app = Celery("zsched_cycle_bench", broker=broker_url)
     if variant == "floor":
@@ -239,6 +234,17 @@ def before_env(checkout: str, workdir: str) -> dict[str, str]:
     (site / "sitecustomize.py").write_text(BEFORE_SITECUSTOMIZE)
     return {"PYTHONPATH": os.pathsep.join([str(site), checkout, str(Path(__file__).parent)]),
             ENV_BEFORE: checkout}
+
+
+def check_before_import() -> None:
+    """In a process started under :func:`before_env`: raise unless ``celery_zsched``
+    came from that checkout (a before/after run must never compare a commit with itself)."""
+    import celery_zsched
+
+    where = Path(celery_zsched.__file__).resolve()
+    if not where.is_relative_to(Path(os.environ[ENV_BEFORE]).resolve()):
+        raise RuntimeError(f"the before variant imported celery_zsched from {where}, "
+                           f"not from {os.environ[ENV_BEFORE]}")
 
 
 def _app_from_env() -> Any:

@@ -91,7 +91,7 @@ def child(variant: str, n: int) -> dict[str, Any]:
             from cycle import install_floor
             install_floor(server.url())
         elif variant in ("zsched", "before"):
-            headers, client = _zsched(app, n)
+            headers, client = _zsched(app, n, variant)
         noop.apply(kwargs={"i": 0})  # warm: the tracer is built on first use
         cpu, redis_cpu = time.process_time(), _redis_cpu_s(client)
         for each in headers:
@@ -112,9 +112,8 @@ def child(variant: str, n: int) -> dict[str, Any]:
         server.stop()
 
 
-def _zsched(app: Any, n: int) -> tuple[list[dict[str, Any] | None], Any]:
+def _zsched(app: Any, n: int, variant: str) -> tuple[list[dict[str, Any] | None], Any]:
     """N occurrences stored, claimed and routed as beat does: their messages' headers."""
-    import celery_zsched
     from celery_zsched.beat.publish import headers_of
     from celery_zsched.core.job import Job
     from celery_zsched.services.appstore import store_for_app
@@ -122,10 +121,9 @@ def _zsched(app: Any, n: int) -> tuple[list[dict[str, Any] | None], Any]:
     from celery_zsched.worker import install_start
     from celery_zsched.worker.settle import send_ahead
 
-    before = os.environ.get("WORKER_PATH_BEFORE")
-    if before and not Path(celery_zsched.__file__).resolve().is_relative_to(
-            Path(before).resolve()):
-        raise RuntimeError(f"imported celery_zsched from {celery_zsched.__file__}, not {before}")
+    if variant == "before":
+        from cycle import check_before_import
+        check_before_import()
     install_start(app)
     send_ahead()  # as in a worker process
     from celery import signals
@@ -160,7 +158,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             if variant == "before":
                 from cycle import before_env
                 env.update(before_env(args.before, args.workdir))
-                env["WORKER_PATH_BEFORE"] = args.before
             proc = subprocess.run([sys.executable, str(here), "--child", variant,
                                    "--jobs", str(args.jobs)], env=env, capture_output=True,
                                   text=True, check=False, cwd=args.workdir)
