@@ -277,3 +277,48 @@ def test_a_prefork_pool_process_keeps_its_lane_connection_and_the_main_process_d
         assert lane.keep
     finally:
         forget_app(app)
+
+
+def test_a_forked_child_starts_with_an_empty_lane_and_a_free_lock_without_touching_the_parents(
+        store: Store) -> None:
+    """A pool process is forked from a main process whose lane may have replies unread
+    and whose lock another thread may hold at that instant: the child reads none of
+    the parent's replies off the shared socket, and does not deadlock on the lock."""
+    import os
+    import threading
+
+    lane = store.lane
+    assert lane is not None
+    occurrence, fence, known = _started(store, "f1")
+    results: list[SettleResult | None] = []
+    store.settle_soon("f1", occurrence, 1, "complete", results.append, known=known, fence=fence)
+    assert lane.pending == 1
+    held, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        with lane._lock:
+            held.set()
+            release.wait(30)
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit status only
+        code = 1
+        try:
+            if lane.pending == 0 and lane._lock.acquire(timeout=5):
+                lane._lock.release()
+                occ2, fence2, known2 = _started(store, "f2")
+                got: list[SettleResult | None] = []
+                store.settle_soon("f2", occ2, 1, "complete", got.append, known=known2,
+                                  fence=fence2)
+                store.collect()
+                code = 0 if len(got) == 1 and got[0] is not None and got[0].applied else 2
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.collect() == 1  # the parent's reply was left for the parent
+    assert results and results[0] is not None and results[0].applied

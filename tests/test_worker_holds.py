@@ -14,6 +14,7 @@ every default, Redis and RabbitMQ brokers) is in
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -237,3 +238,130 @@ def test_the_prefetch_is_held_before_each_acknowledgement_without_a_round_trip_e
         assert holds == [] and store.lane is not None and store.lane.pending == 0
     else:
         assert len(holds) == 1 and len(holds[0][0]) == len(ids)
+
+
+def _received(app: Celery, conn: Any, ids: list[str]) -> list[tuple[Request, Occurrence]]:
+    """``ids``' messages taken from the broker, unacknowledged, as the worker's requests."""
+    queue = Queue(QUEUE, channel=conn.channel())
+    out = []
+    for _ in ids:
+        message = queue.get(no_ack=False)
+        assert message is not None
+        occ = occurrence_of(message.headers)
+        assert occ is not None
+        out.append((_request(app, message, lambda *args, m=message: m.ack()), occ))
+    return out
+
+
+def _count_lane_sends(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each hold call sent on ``store``'s lane, as they are sent."""
+    lane = store.lane
+    assert lane is not None
+    sent: list[int] = []
+    real_send = lane.send
+
+    def send(script: Any, keys: Any, args: Any, on_reply: Any) -> None:
+        sent.append((len(args) - 3) // 6)  # three arguments, then six per row
+        real_send(script, keys, args, on_reply)
+    monkeypatch.setattr(lane, "send", send)
+    return sent
+
+
+def test_holds_received_together_go_out_in_one_script_call_on_the_event_loops_timer(
+        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis broker's receipts come a fraction of a millisecond apart while the pool
+    is behind: their holds wait up to HOLD_SOON_S for one another on the worker's own
+    event loop (a kombu Hub), and one script call records them all."""
+    from kombu.asynchronous import Hub
+
+    ids = [f"s{i}" for i in range(5)]
+    store = _published(app, ids)
+    beat = heartbeat.heartbeat_for(app, store)
+    sent = _count_lane_sends(store, monkeypatch)
+    holder = f"{HOSTNAME}:{os.getpid()}"
+    hub = Hub()
+    try:
+        with app.connection_for_read() as conn:
+            received = _received(app, conn, ids)
+            for request, occ in received:
+                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
+                          record=True, later=hub.call_later)
+            assert sent == []  # waiting for the timer, one entry for the five
+            assert len(hub.timer.queue) == 1
+            assert all(_state(store, job_id).holder is None for job_id in ids)
+            for _ in range(1000):  # the entry is due HOLD_SOON_S after the first receipt
+                hub.fire_timers(propagate=(Exception,))
+                if sent:
+                    break
+                time.sleep(0.001)
+            assert sent == [5]
+            assert store.collect() == 1
+            assert [_state(store, job_id).holder for job_id in ids] == [holder] * 5
+            holds: list[Any] = []
+            real_hold = store.hold
+            monkeypatch.setattr(store, "hold",
+                                lambda *args: holds.append(args) or real_hold(*args))
+            for request, _ in received:
+                request.on_accepted(os.getpid(), 0.0)
+            assert holds == [] and sent == [5]  # every acceptance found its hold recorded
+            assert all(request.acknowledged for request, _ in received)
+    finally:
+        hub.close()
+
+
+def test_an_acceptance_sends_the_holds_that_wait_at_once_and_the_timer_then_sends_nothing(
+        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kombu.asynchronous import Hub
+
+    ids = [f"t{i}" for i in range(3)]
+    store = _published(app, ids)
+    beat = heartbeat.heartbeat_for(app, store)
+    sent = _count_lane_sends(store, monkeypatch)
+    holder = f"{HOSTNAME}:{os.getpid()}"
+    hub = Hub()
+    seen: dict[str, str | None] = {}
+    try:
+        with app.connection_for_read() as conn:
+            received = _received(app, conn, ids)
+            for request, occ in received:
+                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
+                          record=True, later=hub.call_later)
+            request, occ = received[1]
+            real_ack = request.acknowledge
+
+            def acknowledge() -> None:
+                seen[occ.job_id] = _state(store, occ.job_id).holder
+                real_ack()
+            monkeypatch.setattr(request, "acknowledge", acknowledge)
+            request.on_accepted(os.getpid(), 0.0)
+            assert seen == {occ.job_id: holder}  # held in Redis before the acknowledgement
+            assert sent == [3]  # the three that waited, in one call
+            assert [_state(store, job_id).holder for job_id in ids] == [holder] * 3
+            time.sleep(heartbeat.HOLD_SOON_S * 2)
+            hub.fire_timers(propagate=(Exception,))
+            assert sent == [3]
+    finally:
+        hub.close()
+
+
+def test_holds_that_wait_go_out_once_they_fill_a_batch(
+        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kombu.asynchronous import Hub
+
+    monkeypatch.setattr(heartbeat, "HOLD_SOON_BATCH", 2)
+    ids = [f"u{i}" for i in range(5)]
+    store = _published(app, ids)
+    beat = heartbeat.heartbeat_for(app, store)
+    sent = _count_lane_sends(store, monkeypatch)
+    hub = Hub()
+    try:
+        with app.connection_for_read() as conn:
+            for request, occ in _received(app, conn, ids):
+                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"),
+                          f"{HOSTNAME}:{os.getpid()}", record=True, later=hub.call_later)
+            assert sent == [2, 2]  # the fifth waits for the timer
+            beat.send_holds()
+            assert sent == [2, 2, 1]
+            assert store.collect() == 3
+    finally:
+        hub.close()

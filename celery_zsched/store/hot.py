@@ -261,28 +261,30 @@ class HotPath(Settles):
         return [job_id for _, job_id in gone]
 
     @unavailable
-    def hold_soon(self, row: Held, worker: str,
-                  then: Callable[[list[str] | None], None]) -> None:
-        """:meth:`hold` of one message, sent now; its reply is read by the next
-        :meth:`collect`, which hands ``then`` the ids no longer held (``None``: no
-        reply could be had; hold it the usual way). A store without a lane holds at once."""
+    def hold_soon(self, held: Sequence[Held], worker: str,
+                  then: Callable[[Sequence[Held], list[str] | None], None]) -> None:
+        """:meth:`hold` of these messages, sent now (one call per partition); each call's
+        reply is read by the next :meth:`collect`, which hands ``then`` that call's rows
+        and the ids no longer held (``None``: no reply could be had; hold them the usual
+        way). A store without a lane holds at once."""
+        if not held:
+            return
         if self.lane is None:
-            then(self.hold([row], worker))
+            then(held, self.hold(held, worker))
             return
         if self.lane.pending >= LANE_MAX_PENDING:
             self.collect()  # nobody read for a while (an idle worker): keep the backlog short
-        job_id, occurrence, attempt, delivery, task = row
-        keys = self.part_of(job_id)
-
-        def on_reply(reply: Any) -> None:
-            then(None if reply is None
-                 else [job_id for _, job_id in scripts.HEARTBEAT.reply(reply)])
         args = {"lease_ms": int(self.settings.lease_s * 1000), "worker": worker, "queues": ""}
-        with redis_unavailable():
-            self.lane.send(self._scripts[scripts.HEARTBEAT.name],
-                           scripts.HEARTBEAT.key_names(keys),
-                           scripts.HEARTBEAT.argv(args, [("h", job_id, occurrence, attempt,
-                                                           delivery, task)]), on_reply)
+        groups = self.group(held, lambda row: row[0])
+        for part, rows in groups.items():
+            def on_reply(reply: Any, rows: Sequence[Held] = rows) -> None:
+                then(rows, None if reply is None
+                     else [job_id for _, job_id in scripts.HEARTBEAT.reply(reply)])
+            with redis_unavailable():
+                self.lane.send(self._scripts[scripts.HEARTBEAT.name],
+                               scripts.HEARTBEAT.key_names(self.parts[part]),
+                               scripts.HEARTBEAT.argv(args, [("h", *row) for row in rows]),
+                               on_reply)
 
     @unavailable
     def routed(self, published: Sequence[tuple[Claimed, str]]) -> int:

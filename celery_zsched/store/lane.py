@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -75,13 +76,13 @@ class Lane:
         self._get = get_connection
         self._lock = threading.Lock()
         self._conn: Any = None
-        self._pid = os.getpid()
         self._pending: deque[OnReply] = deque()
         #: Receivers whose replies went with a broken connection, to be handed ``None``.
         self._lost: list[tuple[OnReply, Any]] = []
         #: Keep the connection checked out once every reply is read (a pool process,
         #: whose every execution sends on the lane): no checkout per execution.
         self.keep = False
+        _lanes.add(self)
 
     @property
     def pending(self) -> int:
@@ -123,13 +124,11 @@ class Lane:
         """Read every unread reply; returns each with its receiver, in the order sent,
         for the caller to hand over (outside this lane's lock)."""
         with self._lock:
-            self._forget_after_fork()
             return self._read()
 
     def _send(self, script: Script, keys: Sequence[str], args: Sequence[Any],
               on_reply: OnReply) -> None:
         # Under the lock.
-        self._forget_after_fork()
         if self._conn is None:
             self._conn = self._get(self._pool)
         try:
@@ -177,8 +176,22 @@ class Lane:
         self._pending.clear()
 
     def _forget_after_fork(self) -> None:
-        # A forked child must not read its parent's socket: it starts empty.
-        if self._pid != os.getpid():
-            self._pid, self._conn = os.getpid(), None
-            self._pending.clear()
-            self._lost = []
+        # A forked child must not read its parent's socket: it starts empty. Its lock
+        # starts free too: another thread of the parent may have held it at the fork.
+        self._lock = threading.Lock()
+        self._conn = None
+        self._pending.clear()
+        self._lost = []
+
+
+#: Every lane of this process, to be emptied in a forked child (:func:`_after_fork`).
+_lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # Once per fork, not an ``os.getpid()`` per call: a system call on every send.
+    for lane in list(_lanes):
+        lane._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)

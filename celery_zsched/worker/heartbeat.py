@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_zsched.core.errors import StoreUnavailable
@@ -37,6 +38,18 @@ from celery_zsched.store import Held, Store
 logger = logging.getLogger("celery_zsched")
 #: Most holds one :meth:`Heartbeat.hold_now` records in its round trip.
 HOLD_BATCH = 200
+#: Longest a received message's hold waits for the holds of the messages received
+#: after it, to go out in one script call with them (:meth:`Heartbeat.hold`). A
+#: worker killed meanwhile leaves the message to beat's sweep of the broker's
+#: unacked index, as one killed while the hold was on the wire does; an
+#: acceptance sends it at once. Short against the lease, and long against the
+#: gap between receipts when the pool is behind (a fraction of a millisecond).
+HOLD_SOON_S = 0.002
+#: Most holds that wait for one another (:data:`HOLD_SOON_S`).
+HOLD_SOON_BATCH = 32
+#: Runs ``callback`` after ``delay`` seconds in the caller's thread (the worker's
+#: event loop: ``kombu.asynchronous.Hub.call_later``).
+Later = Callable[[float, Callable[[], None]], object]
 
 
 class Heartbeat:
@@ -55,8 +68,10 @@ class Heartbeat:
         self._held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
         #: The requests whose holds Redis has recorded (a beat or :meth:`hold_now`).
         self._recorded: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: The requests whose holds were sent and whose replies are unread.
+        #: The requests whose holds were sent, or wait to be, and whose replies are unread.
         self._sending: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Holds that wait for the ones received after them (:data:`HOLD_SOON_S`).
+        self._unsent: list[tuple[Any, Held]] = []
         self._thread: threading.Thread | None = None
 
     def track(self, job_id: str, occurrence: int, attempt: int,
@@ -78,35 +93,59 @@ class Heartbeat:
             return [(job_id, o, a) if f is None else (job_id, o, a, f)
                     for job_id, (o, a, f) in self._running.items()]
 
-    def hold(self, request: Any, row: Held, holder: str, *, record: bool = False) -> None:
+    def hold(self, request: Any, row: Held, holder: str, *, record: bool = False,
+             later: Later | None = None) -> None:
         """Hold the message of ``request`` (id, occurrence, attempt, delivery, task) for as
         long as the request object lives, from the next beat on (``record``: from now,
-        sent without waiting for the reply, which :meth:`hold_now` reads if it needs it)."""
+        sent without waiting for the reply, which :meth:`hold_now` reads if it needs it).
+
+        ``later`` (the event loop's timer): a hold to record waits up to
+        :data:`HOLD_SOON_S` for the holds of the messages received after it, and
+        goes out in one script call with them.
+        """
         with self._lock:
             self._held[request] = row
             self.holder = self.holder or holder
         self._ensure_thread()
-        if record:
-            self._record_soon(request, row)
-
-    def _record_soon(self, request: Any, row: Held) -> None:
+        if not record:
+            return
         with self._lock:
             self._sending.add(request)
+            self._unsent.append((request, row))
+            first, full = len(self._unsent) == 1, len(self._unsent) >= HOLD_SOON_BATCH
+        if later is None or full:
+            self.send_holds()
+        elif first:
+            later(HOLD_SOON_S, self.send_holds)
 
-        def recorded(gone: list[str] | None) -> None:
+    def send_holds(self) -> None:
+        """Send the holds that wait (:meth:`hold`) in one call, without waiting for the
+        reply."""
+        with self._lock:
+            batch, self._unsent = self._unsent, []
+        if not batch:
+            return
+
+        def recorded(rows: Sequence[Held], gone: list[str] | None) -> None:
+            covered = {id(row) for row in rows}  # a partition's share of the batch
             with self._lock:
-                self._sending.discard(request)
-                if gone is None:
-                    return  # no reply: a beat or hold_now records it
-                if row[0] in gone:
-                    self._held.pop(request, None)
-                else:
-                    self._recorded.add(request)
+                for request, row in batch:
+                    if id(row) not in covered:
+                        continue
+                    self._sending.discard(request)
+                    if gone is None:
+                        continue  # no reply: a beat or hold_now records it
+                    if row[0] in gone:
+                        self._held.pop(request, None)
+                    else:
+                        self._recorded.add(request)
         try:
-            self.store.hold_soon(row, self.worker or self.holder, recorded)
+            self.store.hold_soon([row for _, row in batch], self.worker or self.holder,
+                                 recorded)
         except StoreUnavailable:
             with self._lock:
-                self._sending.discard(request)  # the next beat tries
+                for request, _ in batch:
+                    self._sending.discard(request)  # the next beat tries
 
     def hold_now(self, request: Any, row: Held, holder: str) -> None:
         """:meth:`hold`, and record the hold in Redis now unless a beat has already.
@@ -126,6 +165,7 @@ class Heartbeat:
                 return
             sent = request in self._sending
         if sent:  # its hold went out on receipt: the reply is all but certainly back
+            self.send_holds()  # unless it still waits for the holds received after it
             self.store.collect()
         with self._lock:
             if request in self._recorded:

@@ -16,9 +16,10 @@ Two moments need a hold:
   run the start compare-and-set. Killed in between, the message is gone from
   every broker and the occurrence is not running: nothing but a hold
   names it. So the hold is recorded in Redis before the acknowledgement. Where
-  the receipt holds already (a Redis broker), it is sent then, and the
-  acceptance only reads its reply, which has long come back: no round trip
-  waited for. Else (RabbitMQ, or no reply) one round trip records it, and with
+  the receipt holds already (a Redis broker), it is sent then (the holds of
+  the messages received within ``HOLD_SOON_S`` after it with it, in one script
+  call), and the acceptance only reads its reply, which has long come back: no
+  round trip waited for. Else (RabbitMQ, or no reply) one round trip records it, and with
   it every message received and not recorded yet.
 """
 
@@ -52,10 +53,13 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None) or request.task.app
     store_for_app(app).learn_header(occ.job_id, occ.partition)
     # A task acknowledged as it is accepted needs its hold recorded by then: sent
-    # now, its reply is read at the acceptance, which so waits for no round trip.
-    heartbeat_for(app, store_for_app(app)).hold(request, held_row(occ, request),
-                                                worker_name(getattr(sender, "hostname", None)),
-                                                record=not getattr(request.task, "acks_late", True))
+    # now (with those received in the next HOLD_SOON_S, one call for all), its reply
+    # is read at the acceptance, which so waits for no round trip.
+    hub = getattr(sender, "hub", None)
+    heartbeat_for(app, store_for_app(app)).hold(
+        request, held_row(occ, request), worker_name(getattr(sender, "hostname", None)),
+        record=not getattr(request.task, "acks_late", True),
+        later=None if hub is None else hub.call_later)
 
 
 def hold_before_ack(request: Any) -> None:
