@@ -365,3 +365,36 @@ def test_holds_that_wait_go_out_once_they_fill_a_batch(
             assert store.collect() == 3
     finally:
         hub.close()
+
+
+def test_an_acceptance_whose_hold_went_out_leaves_the_later_holds_waiting_for_their_batch(
+        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool accepts its prefetch in order: the message accepted now was received
+    long before, its hold sent. The holds of the messages received since keep waiting
+    for one another; only an acceptance of one of them sends them early."""
+    from kombu.asynchronous import Hub
+
+    ids = [f"v{i}" for i in range(4)]
+    store = _published(app, ids)
+    beat = heartbeat.heartbeat_for(app, store)
+    sent = _count_lane_sends(store, monkeypatch)
+    holder = f"{HOSTNAME}:{os.getpid()}"
+    hub = Hub()
+    try:
+        with app.connection_for_read() as conn:
+            received = _received(app, conn, ids)
+            for request, occ in received[:2]:
+                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
+                          record=True, later=hub.call_later)
+            beat.send_holds()  # what the timer does
+            for request, occ in received[2:]:
+                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
+                          record=True, later=hub.call_later)
+            received[0][0].on_accepted(os.getpid(), 0.0)
+            assert received[0][0].acknowledged
+            assert _state(store, ids[0]).holder == holder
+            assert sent == [2]  # the two received after it still wait
+            received[3][0].on_accepted(os.getpid(), 0.0)
+            assert sent == [2, 2] and _state(store, ids[3]).holder == holder
+    finally:
+        hub.close()

@@ -42,9 +42,10 @@ HOLD_BATCH = 200
 #: after it, to go out in one script call with them (:meth:`Heartbeat.hold`). A
 #: worker killed meanwhile leaves the message to beat's sweep of the broker's
 #: unacked index, as one killed while the hold was on the wire does; an
-#: acceptance sends it at once. Short against the lease, and long against the
-#: gap between receipts when the pool is behind (a fraction of a millisecond).
-HOLD_SOON_S = 0.002
+#: acceptance sends it at once. Short against the lease (30 s), and long against
+#: the gap between receipts when the pool is behind (about a millisecond for
+#: tasks that do nothing): so several go together.
+HOLD_SOON_S = 0.01
 #: Most holds that wait for one another (:data:`HOLD_SOON_S`).
 HOLD_SOON_BATCH = 32
 #: Runs ``callback`` after ``delay`` seconds in the caller's thread (the worker's
@@ -164,8 +165,10 @@ class Heartbeat:
             if request in self._recorded:
                 return
             sent = request in self._sending
+            waits = any(each is request for each, _ in self._unsent)
+        if waits:  # still waiting for the holds received after it: they go with it now
+            self.send_holds()
         if sent:  # its hold went out on receipt: the reply is all but certainly back
-            self.send_holds()  # unless it still waits for the holds received after it
             self.store.collect()
         with self._lock:
             if request in self._recorded:
