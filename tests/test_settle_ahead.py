@@ -212,13 +212,22 @@ def test_a_pool_process_lane_keeps_its_connection_and_reconnects_when_it_breaks(
     # Every reply read, and the connection kept for the next execution: one checkout.
     assert store.lane.pending == 0 and store.lane._conn is conn and _in_use(store) == 1
     assert [r.applied for r in results if r] == [True]
-    conn._sock.shutdown(socket.SHUT_RDWR)  # the kept connection breaks (Redis restarted)
-    with pytest.raises(StoreUnavailable):  # k3's settle: the caller settles the usual way
-        _settled_ahead(store, "k3", results)
-    _settled_ahead(store, "k4", results)  # on a new connection, kept in turn
-    assert store.collect() == 1
-    assert [r.job.id if r and r.job else None for r in results] == ["k1", "k4"]
-    assert (_status(store, "k3"), _status(store, "k4")) == ("running", "scheduled")
+    broken = conn._sock
+    broken.shutdown(socket.SHUT_RDWR)  # the kept connection breaks (Redis restarted)
+    # k3's start finds it broken and goes the usual way; its settle reconnects the lane.
+    _settled_ahead(store, "k3", results)
+    conn = store.lane._conn
+    assert conn is not None and conn._sock is not None and conn._sock is not broken
+    occurrence, fence, known = _started(store, "k4")
+    conn._sock.shutdown(socket.SHUT_RDWR)  # and breaks again, with nothing pending
+    with pytest.raises(StoreUnavailable):  # k4's settle: the caller settles the usual way
+        store.settle_soon("k4", occurrence, 1, "complete", results.append, known=known,
+                          fence=fence)
+    _settled_ahead(store, "k5", results)  # on a new connection, kept in turn
+    assert store.collect() == 1  # k5's: k4's start took k3's reply on its way
+    assert [r.job.id if r and r.job else None for r in results] == ["k1", "k3", "k5"]
+    assert [_status(store, job_id) for job_id in ("k3", "k4", "k5")] == [
+        "scheduled", "running", "scheduled"]
     assert _in_use(store) == 1
 
 
@@ -322,3 +331,22 @@ def test_a_forked_child_starts_with_an_empty_lane_and_a_free_lock_without_touchi
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.collect() == 1  # the parent's reply was left for the parent
     assert results and results[0] is not None and results[0].applied
+
+
+def test_a_kept_lane_takes_a_start_with_no_settle_ahead_of_it_on_its_own_connection(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefork pool process's first task, or one after the collector's timer read the
+    last reply: its start goes on the kept connection too, not a second one."""
+    assert store.lane is not None
+    store.lane.keep = True
+    results: list[SettleResult | None] = []
+    _settled_ahead(store, "e1", results)
+    assert store.collect() == 1 and store.lane.pending == 0  # what the timer does
+    conn = store.lane._conn
+    occurrence, delivery = _queued(store, "e2")
+
+    def no_second_connection(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the start checked out a connection of its own")
+    monkeypatch.setattr(store, "_call_hot", no_second_connection)
+    assert store.start("e2", occurrence, 1, delivery=delivery, task="tests.noop").status == "ok"
+    assert store.lane._conn is conn and _in_use(store) == 1 and _status(store, "e2") == "running"

@@ -8,6 +8,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from celery_zsched.core.results import (
     ClaimBatch,
     Claimed,
@@ -178,13 +181,20 @@ class HotPath(Settles):
             spec = scripts.START
             return spec.reply(call_replicated(self.client, self._scripts[spec.name],
                                               spec.key_names(keys), spec.argv(args)))
-        if self.lane is not None and self.lane.pending:
+        if self.lane is not None and (self.lane.pending or self.lane.keep):
             # Behind the last task's settle sent ahead, on its connection: one read
-            # takes both replies, and no second connection is checked out.
+            # takes both replies, and no second connection is checked out. A lane
+            # that keeps its connection (a prefork pool process) takes the start
+            # with no settle ahead of it too (the first task, or one after the
+            # collector's timer read the last reply).
             spec = scripts.START
-            with redis_unavailable():
+            try:
                 done = self.lane.call(self._scripts[spec.name], spec.key_names(keys),
                                       spec.argv(args))
+            except (RedisConnectionError, RedisTimeoutError):
+                # Not sent: the lane's connection had broken (a kept one, idle since a
+                # restart of Redis). The lane dropped it; the usual way reconnects.
+                done = None
             if done is not None:
                 reply, earlier = done
                 self.hand_over(earlier)
