@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,24 @@ def test_tuple_args_of_a_beat_schedule_entry_still_work() -> None:
     job = job_from_entry("add", {"task": "t", "schedule": 5, "args": (16, 16)}, Defaults())
     assert job.args == [16, 16]
     assert json.loads(job.to_json())["args"] == [16, 16]
+
+
+def test_a_stored_definition_loads_to_the_job_it_was_with_containers_of_its_own() -> None:
+    """``Job.from_json`` fills a job in past the dataclass's ``__init__`` (a worker parses
+    one per settle): every field as ``from_dict`` gives it, and no default list or dict
+    shared between two jobs; a definition without its id or task still raises."""
+    sparse = Job.from_dict({**BASE, "interval_s": 60})
+    full = Job.from_dict({**BASE, "cron": "*/5 * * * *", "timezone": "Europe/Berlin",
+                          "meta": {"k": [1, 2]}, "args": [1], "kwargs": {"a": 1},
+                          "max_runs": 3, "queue": "q", "retry_max": 2})
+    for job in (sparse, full):
+        loaded = Job.from_json(job.to_json())
+        assert loaded == job
+        assert {name: getattr(loaded, name) for name in job.__dataclass_fields__} == \
+            {name: getattr(job, name) for name in job.__dataclass_fields__}
+    one, two = Job.from_json(sparse.to_json()), Job.from_json(sparse.to_json())
+    assert one.meta == {} and one.meta is not two.meta and one.args is not two.args
+    with pytest.raises(FrozenInstanceError):
+        one.task = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Job.from_json('{"interval_s": 60}')

@@ -10,8 +10,8 @@ import functools
 import hashlib
 import json
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from celery_zsched.core.domains import domain_of
@@ -112,7 +112,20 @@ class Job:
     def from_json(cls, raw: str | bytes) -> Job:
         """Load a definition stored by :meth:`to_json` (already validated)."""
         data = json.loads(raw)
-        return cls(**{k: v for k, v in data.items() if k in _FIELD_SET})
+        if "id" not in data or "task" not in data:
+            return cls(**{k: v for k, v in data.items() if k in _FIELD_SET})  # raises
+        # Filled in directly, past the frozen dataclass's __init__, which sets each of
+        # its thirty fields through object.__setattr__: that was most of the parse a
+        # worker's settle makes of every job whose definition is not in its cache.
+        values = dict(_PLAIN_DEFAULTS)
+        for name, factory in _FACTORIES:
+            values[name] = factory()
+        for key, value in data.items():
+            if key in _FIELD_SET:
+                values[key] = value
+        job = object.__new__(cls)
+        job.__dict__.update(values)
+        return job
 
     def to_json(self) -> str:
         """Compact JSON for Redis: fields at their default are left out."""
@@ -227,6 +240,11 @@ class Job:
 _MISSING = object()
 _FIELD_NAMES = tuple(f.name for f in fields(Job))
 _FIELD_SET = frozenset(_FIELD_NAMES)
+#: The fields' defaults, but those a factory makes afresh for each job (``_FACTORIES``).
+_PLAIN_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Job)
+                                   if f.default is not MISSING}
+_FACTORIES: tuple[tuple[str, Callable[[], Any]], ...] = tuple(
+    (f.name, f.default_factory) for f in fields(Job) if f.default_factory is not MISSING)
 _FIELD_DEFAULTS: dict[str, Any] = {
     f.name: (f.default_factory() if callable(f.default_factory) else f.default)
     for f in fields(Job)
