@@ -47,6 +47,9 @@ def bounded_timings(event: Mapping[str, Any], now: int) -> dict[str, Any]:
     return out
 
 
+#: The settle script's visit arguments of a task that reported none, of a fixed job.
+_NO_VISIT = Visit().settle_args(None)
+
 #: Status label of a settle that does not retry.
 LABELS = {"complete": "complete", "skip": "skipped", "error": "error",
           "blocked": "blocked_by_robots"}
@@ -191,10 +194,17 @@ class Settles(Writes):
             delivery="" if delivery is None else delivery,
             clock_ms=now if relative else "",
             end_ms="" if job is None or job.end_at is None else job.end_at,
-            **(visit or Visit()).settle_args(None if job is None else recrawl_policy(
-                job, self.settings.freshness_target,
-                jitter_ms(job.effective_jitter_s(self.settings), self.rng),
-                self.settings.recrawl_allocation)))
+            **self._visit_args(job, visit))
+
+    def _visit_args(self, job: Job | None, visit: Visit | None) -> dict[str, str]:
+        """The settle script's arguments for what the visit saw and the job's recrawl policy."""
+        policy = None if job is None else recrawl_policy(
+            job, self.settings.freshness_target,
+            jitter_ms(job.effective_jitter_s(self.settings), self.rng),
+            self.settings.recrawl_allocation)
+        if visit is None and policy is None:
+            return _NO_VISIT  # the usual case, built once
+        return (visit or Visit()).settle_args(policy)
 
     @staticmethod
     def _settle_result(job: Job | None, label: str, reply: Any) -> SettleResult | None:
