@@ -17,6 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from celery import Celery
 from celery.utils.imports import symbol_by_name
 from celery.worker.request import Request
 from kombu import Queue
+from kombu.asynchronous import Hub
 from kombu.message import Message
 
 from celery_zsched.beat.publish import publish_batch
@@ -200,6 +202,28 @@ def test_a_tasks_own_request_class_is_kept_under_the_hold(
     assert _state(store, occ.job_id).holder == f"{HOSTNAME}:{os.getpid()}"
 
 
+def _received(app: Celery, conn: Any, ids: list[str],
+              on_ack: Callable[[Message, str], None] | None = None
+              ) -> list[tuple[Request, Occurrence]]:
+    """``ids``' messages taken from the broker, unacknowledged, as the worker's requests
+    (each acknowledged by ``on_ack(message, job_id)``, else by its ``ack``)."""
+    queue = Queue(QUEUE, channel=conn.channel())
+    out = []
+    for _ in ids:
+        message = queue.get(no_ack=False)
+        assert message is not None
+        occ = occurrence_of(message.headers)
+        assert occ is not None
+
+        def ack(*_: Any, message: Message = message, job_id: str = occ.job_id) -> None:
+            if on_ack is None:
+                message.ack()
+            else:
+                on_ack(message, job_id)
+        out.append((_request(app, message, ack), occ))
+    return out
+
+
 @pytest.mark.parametrize("on_receipt", [False, True], ids=["batched", "sent-on-receipt"])
 def test_the_prefetch_is_held_before_each_acknowledgement_without_a_round_trip_each(
         app: Celery, monkeypatch: pytest.MonkeyPatch, on_receipt: bool) -> None:
@@ -215,23 +239,16 @@ def test_the_prefetch_is_held_before_each_acknowledgement_without_a_round_trip_e
     real_hold = store.hold
     monkeypatch.setattr(store, "hold", lambda *args: holds.append(args) or real_hold(*args))
     seen: dict[str, str | None] = {}
-    with app.connection_for_read() as conn:
-        queue = Queue(QUEUE, channel=conn.channel())
-        requests = []
-        for _ in ids:
-            message = queue.get(no_ack=False)
-            assert message is not None
-            occ = occurrence_of(message.headers)
-            assert occ is not None
 
-            def on_ack(*args: Any, message: Message = message, job_id: str = occ.job_id) -> None:
-                seen[job_id] = _state(store, job_id).holder
-                message.ack()
-            request = _request(app, message, on_ack)
+    def on_ack(message: Message, job_id: str) -> None:
+        seen[job_id] = _state(store, job_id).holder
+        message.ack()
+    with app.connection_for_read() as conn:
+        received = _received(app, conn, ids, on_ack)
+        for request, occ in received:
             beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
                       record=on_receipt)
-            requests.append(request)
-        for request in requests:
+        for request, _ in received:
             request.on_accepted(os.getpid(), 0.0)
     assert seen == {job_id: holder for job_id in ids}
     if on_receipt:
@@ -240,161 +257,132 @@ def test_the_prefetch_is_held_before_each_acknowledgement_without_a_round_trip_e
         assert len(holds) == 1 and len(holds[0][0]) == len(ids)
 
 
-def _received(app: Celery, conn: Any, ids: list[str]) -> list[tuple[Request, Occurrence]]:
-    """``ids``' messages taken from the broker, unacknowledged, as the worker's requests."""
-    queue = Queue(QUEUE, channel=conn.channel())
-    out = []
-    for _ in ids:
-        message = queue.get(no_ack=False)
-        assert message is not None
-        occ = occurrence_of(message.headers)
-        assert occ is not None
-        out.append((_request(app, message, lambda *args, m=message: m.ack()), occ))
-    return out
+@dataclass
+class Receipts:
+    """Jobs published, their messages taken, and the hold calls sent on the lane."""
+
+    store: Store
+    beat: heartbeat.Heartbeat
+    hub: Hub
+    #: The rows of each hold call sent on the store's lane, as they are sent.
+    sent: list[int]
+    received: list[tuple[Request, Occurrence]]
+
+    def hold(self, first: int = 0, last: int | None = None) -> None:
+        """The main process receives messages ``first`` to ``last``, on the hub's timer."""
+        for request, occ in self.received[first:last]:
+            self.beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), HOLDER,
+                           record=True, later=self.hub.call_later)
+
+    def holders(self) -> list[str | None]:
+        return [_state(self.store, occ.job_id).holder for _, occ in self.received]
 
 
-def _count_lane_sends(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The rows of each hold call sent on ``store``'s lane, as they are sent."""
-    lane = store.lane
-    assert lane is not None
-    sent: list[int] = []
-    real_send = lane.send
+HOLDER = f"{HOSTNAME}:{os.getpid()}"
 
-    def send(script: Any, keys: Any, args: Any, on_reply: Any) -> None:
-        sent.append((len(args) - 3) // 6)  # three arguments, then six per row
-        real_send(script, keys, args, on_reply)
-    monkeypatch.setattr(lane, "send", send)
-    return sent
+
+@pytest.fixture
+def receipts(app: Celery, monkeypatch: pytest.MonkeyPatch
+             ) -> Iterator[Callable[[str, int], Receipts]]:
+    """``receipts(prefix, n)``: n jobs published and their messages taken, unacknowledged,
+    with a kombu Hub for the holds' timer."""
+    hubs: list[Hub] = []
+    conns: list[Any] = []
+
+    def make(prefix: str, n: int) -> Receipts:
+        ids = [f"{prefix}{i}" for i in range(n)]
+        store = _published(app, ids)
+        lane = store.lane
+        assert lane is not None
+        sent: list[int] = []
+        real_send = lane.send
+
+        def send(script: Any, keys: Any, args: Any, on_reply: Any) -> None:
+            sent.append((len(args) - 3) // 6)  # three arguments, then six per row
+            real_send(script, keys, args, on_reply)
+        monkeypatch.setattr(lane, "send", send)
+        hubs.append(Hub())
+        conns.append(app.connection_for_read())
+        return Receipts(store, heartbeat.heartbeat_for(app, store), hubs[-1], sent,
+                        _received(app, conns[-1], ids))
+    yield make
+    for conn in conns:
+        conn.close()
+    for hub in hubs:
+        hub.close()
 
 
 def test_holds_received_together_go_out_in_one_script_call_on_the_event_loops_timer(
-        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+        receipts: Callable[[str, int], Receipts], monkeypatch: pytest.MonkeyPatch) -> None:
     """A Redis broker's receipts come a fraction of a millisecond apart while the pool
     is behind: their holds wait up to HOLD_SOON_S for one another on the worker's own
     event loop (a kombu Hub), and one script call records them all."""
-    from kombu.asynchronous import Hub
-
-    ids = [f"s{i}" for i in range(5)]
-    store = _published(app, ids)
-    beat = heartbeat.heartbeat_for(app, store)
-    sent = _count_lane_sends(store, monkeypatch)
-    holder = f"{HOSTNAME}:{os.getpid()}"
-    hub = Hub()
-    try:
-        with app.connection_for_read() as conn:
-            received = _received(app, conn, ids)
-            for request, occ in received:
-                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
-                          record=True, later=hub.call_later)
-            assert sent == []  # waiting for the timer, one entry for the five
-            assert len(hub.timer.queue) == 1
-            assert all(_state(store, job_id).holder is None for job_id in ids)
-            for _ in range(1000):  # the entry is due HOLD_SOON_S after the first receipt
-                hub.fire_timers(propagate=(Exception,))
-                if sent:
-                    break
-                time.sleep(0.001)
-            assert sent == [5]
-            assert store.collect() == 1
-            assert [_state(store, job_id).holder for job_id in ids] == [holder] * 5
-            holds: list[Any] = []
-            real_hold = store.hold
-            monkeypatch.setattr(store, "hold",
-                                lambda *args: holds.append(args) or real_hold(*args))
-            for request, _ in received:
-                request.on_accepted(os.getpid(), 0.0)
-            assert holds == [] and sent == [5]  # every acceptance found its hold recorded
-            assert all(request.acknowledged for request, _ in received)
-    finally:
-        hub.close()
+    r = receipts("s", 5)
+    r.hold()
+    assert r.sent == []  # waiting for the timer, one entry for the five
+    assert len(r.hub.timer.queue) == 1
+    assert r.holders() == [None] * 5
+    for _ in range(1000):  # the entry is due HOLD_SOON_S after the first receipt
+        r.hub.fire_timers(propagate=(Exception,))
+        if r.sent:
+            break
+        time.sleep(0.001)
+    assert r.sent == [5]
+    assert r.store.collect() == 1
+    assert r.holders() == [HOLDER] * 5
+    holds: list[Any] = []
+    real_hold = r.store.hold
+    monkeypatch.setattr(r.store, "hold", lambda *args: holds.append(args) or real_hold(*args))
+    for request, _ in r.received:
+        request.on_accepted(os.getpid(), 0.0)
+    assert holds == [] and r.sent == [5]  # every acceptance found its hold recorded
+    assert all(request.acknowledged for request, _ in r.received)
 
 
 def test_an_acceptance_sends_the_holds_that_wait_at_once_and_the_timer_then_sends_nothing(
-        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kombu.asynchronous import Hub
-
-    ids = [f"t{i}" for i in range(3)]
-    store = _published(app, ids)
-    beat = heartbeat.heartbeat_for(app, store)
-    sent = _count_lane_sends(store, monkeypatch)
-    holder = f"{HOSTNAME}:{os.getpid()}"
-    hub = Hub()
+        receipts: Callable[[str, int], Receipts], monkeypatch: pytest.MonkeyPatch) -> None:
+    r = receipts("t", 3)
+    r.hold()
+    request, occ = r.received[1]
     seen: dict[str, str | None] = {}
-    try:
-        with app.connection_for_read() as conn:
-            received = _received(app, conn, ids)
-            for request, occ in received:
-                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
-                          record=True, later=hub.call_later)
-            request, occ = received[1]
-            real_ack = request.acknowledge
+    real_ack = request.acknowledge
 
-            def acknowledge() -> None:
-                seen[occ.job_id] = _state(store, occ.job_id).holder
-                real_ack()
-            monkeypatch.setattr(request, "acknowledge", acknowledge)
-            request.on_accepted(os.getpid(), 0.0)
-            assert seen == {occ.job_id: holder}  # held in Redis before the acknowledgement
-            assert sent == [3]  # the three that waited, in one call
-            assert [_state(store, job_id).holder for job_id in ids] == [holder] * 3
-            time.sleep(heartbeat.HOLD_SOON_S * 2)
-            hub.fire_timers(propagate=(Exception,))
-            assert sent == [3]
-    finally:
-        hub.close()
+    def acknowledge() -> None:
+        seen[occ.job_id] = _state(r.store, occ.job_id).holder
+        real_ack()
+    monkeypatch.setattr(request, "acknowledge", acknowledge)
+    request.on_accepted(os.getpid(), 0.0)
+    assert seen == {occ.job_id: HOLDER}  # held in Redis before the acknowledgement
+    assert r.sent == [3]  # the three that waited, in one call
+    assert r.holders() == [HOLDER] * 3
+    time.sleep(heartbeat.HOLD_SOON_S * 2)
+    r.hub.fire_timers(propagate=(Exception,))
+    assert r.sent == [3]
 
 
 def test_holds_that_wait_go_out_once_they_fill_a_batch(
-        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kombu.asynchronous import Hub
-
+        receipts: Callable[[str, int], Receipts], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heartbeat, "HOLD_SOON_BATCH", 2)
-    ids = [f"u{i}" for i in range(5)]
-    store = _published(app, ids)
-    beat = heartbeat.heartbeat_for(app, store)
-    sent = _count_lane_sends(store, monkeypatch)
-    hub = Hub()
-    try:
-        with app.connection_for_read() as conn:
-            for request, occ in _received(app, conn, ids):
-                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"),
-                          f"{HOSTNAME}:{os.getpid()}", record=True, later=hub.call_later)
-            assert sent == [2, 2]  # the fifth waits for the timer
-            beat.send_holds()
-            assert sent == [2, 2, 1]
-            assert store.collect() == 3
-    finally:
-        hub.close()
+    r = receipts("u", 5)
+    r.hold()
+    assert r.sent == [2, 2]  # the fifth waits for the timer
+    r.beat.send_holds()
+    assert r.sent == [2, 2, 1]
+    assert r.store.collect() == 3
 
 
 def test_an_acceptance_whose_hold_went_out_leaves_the_later_holds_waiting_for_their_batch(
-        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+        receipts: Callable[[str, int], Receipts]) -> None:
     """The pool accepts its prefetch in order: the message accepted now was received
     long before, its hold sent. The holds of the messages received since keep waiting
     for one another; only an acceptance of one of them sends them early."""
-    from kombu.asynchronous import Hub
-
-    ids = [f"v{i}" for i in range(4)]
-    store = _published(app, ids)
-    beat = heartbeat.heartbeat_for(app, store)
-    sent = _count_lane_sends(store, monkeypatch)
-    holder = f"{HOSTNAME}:{os.getpid()}"
-    hub = Hub()
-    try:
-        with app.connection_for_read() as conn:
-            received = _received(app, conn, ids)
-            for request, occ in received[:2]:
-                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
-                          record=True, later=hub.call_later)
-            beat.send_holds()  # what the timer does
-            for request, occ in received[2:]:
-                beat.hold(request, (occ.job_id, occ.occurrence, 1, 1, "t"), holder,
-                          record=True, later=hub.call_later)
-            received[0][0].on_accepted(os.getpid(), 0.0)
-            assert received[0][0].acknowledged
-            assert _state(store, ids[0]).holder == holder
-            assert sent == [2]  # the two received after it still wait
-            received[3][0].on_accepted(os.getpid(), 0.0)
-            assert sent == [2, 2] and _state(store, ids[3]).holder == holder
-    finally:
-        hub.close()
+    r = receipts("v", 4)
+    r.hold(0, 2)
+    r.beat.send_holds()  # what the timer does
+    r.hold(2)
+    first, last = r.received[0][0], r.received[3][0]
+    first.on_accepted(os.getpid(), 0.0)
+    assert first.acknowledged and r.holders()[0] == HOLDER
+    assert r.sent == [2]  # the two received after it still wait
+    last.on_accepted(os.getpid(), 0.0)
+    assert r.sent == [2, 2] and r.holders()[3] == HOLDER
