@@ -9,7 +9,9 @@ reply in the pool.
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 import time
 import uuid
 from types import SimpleNamespace
@@ -293,9 +295,6 @@ def test_a_forked_child_starts_with_an_empty_lane_and_a_free_lock_without_touchi
     """A pool process is forked from a main process whose lane may have replies unread
     and whose lock another thread may hold at that instant: the child reads none of
     the parent's replies off the shared socket, and does not deadlock on the lock."""
-    import os
-    import threading
-
     lane = store.lane
     assert lane is not None
     occurrence, fence, known = _started(store, "f1")
