@@ -245,8 +245,7 @@ _PLAIN_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Job)
                                    if f.default is not MISSING}
 _FACTORIES: tuple[tuple[str, Callable[[], Any]], ...] = tuple(
     (f.name, f.default_factory) for f in fields(Job) if f.default_factory is not MISSING)
-_FIELD_DEFAULTS: dict[str, Any] = {
-    f.name: (f.default_factory() if callable(f.default_factory) else f.default)
-    for f in fields(Job)
-}
+#: Each field's default value (id and task have none), for what ``to_json`` leaves out.
+_FIELD_DEFAULTS: dict[str, Any] = {**_PLAIN_DEFAULTS,
+                                   **{name: factory() for name, factory in _FACTORIES}}
 
