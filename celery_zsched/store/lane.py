@@ -7,9 +7,10 @@ start (whose own round trip the reply has long arrived by) or a short timer.
 The task slot never sits out a round trip for it, and the next start, sent on
 the same connection behind it (:meth:`Lane.call`), reads both replies at once:
 one read per execution on one connection, as the floor of ``benchmarks/cycle.py``
-has it. Likewise a worker's main process sends the hold of each message it
-receives at once, and reads the reply when it accepts the message, before
-acknowledging it.
+has it. Likewise a worker's main process sends the holds of the messages it
+receives (those received within a few milliseconds together, in one call:
+:mod:`celery_zsched.worker.heartbeat`), and reads the reply when it accepts a
+message, before acknowledging it.
 
 Replies come back in the order the calls were sent, over one connection per
 process, checked out of the client's pool while replies are unread and given
